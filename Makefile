@@ -1,0 +1,37 @@
+# Every target builds or refreshes the local virtual environment (.venv) first, so a fresh clone needs
+# nothing but Python 3.10+ and `make`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lab notebooks exercises clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first and exactly: the CPU build of 2.13.0 where one is on the machine's disk.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m ipykernel install --sys-prefix --name minillm --display-name "Python (minillm)" >/dev/null
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m minillm.demo
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab notebooks/
+
+notebooks: $(STAMP)
+	$(PY) -m minillm.course notebooks --inplace
+
+exercises: $(STAMP)
+	$(PY) -m minillm.course build
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

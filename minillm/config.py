@@ -1,0 +1,79 @@
+"""Configuration: what a checkpoint's config.json says about the model."""
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Architecture name in config.json -> the switches that make the one decoder in models/qwen3.py that model.
+ARCHITECTURES = {
+    "Qwen3ForCausalLM": dict(qk_norm=True, qkv_bias=None, o_bias=None),
+    "Qwen2ForCausalLM": dict(qk_norm=False, qkv_bias=True, o_bias=False),
+    "LlamaForCausalLM": dict(qk_norm=False, qkv_bias=None, o_bias=None),
+}
+
+
+@dataclass
+class ModelConfig:
+    """The fields of a Hugging Face config.json that minillm's decoder uses."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    tie_word_embeddings: bool = False
+    qk_norm: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, cfg: dict) -> "ModelConfig":
+        archs = cfg.get("architectures") or [cfg.get("model_type", "?")]
+        arch = archs[0]
+        if arch not in ARCHITECTURES:
+            raise ValueError(
+                f"unsupported architecture {arch!r}: minillm supports {', '.join(ARCHITECTURES)}."
+            )
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"unsupported hidden_act {cfg['hidden_act']!r}: minillm's MLP is SwiGLU (silu).")
+        # transformers 5 writes rope_parameters = {rope_type, rope_theta, ...}; older files write
+        # rope_theta and rope_scaling at the top level.
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        heads = cfg["num_attention_heads"]
+        eos = cfg.get("eos_token_id")
+        switches = ARCHITECTURES[arch]
+        bias = cfg.get("attention_bias", False)
+        return cls(
+            architecture=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=rope.get("rope_theta", cfg.get("rope_theta", 10000.0)),
+            rope_scaling=rope if rope.get("rope_type", rope.get("type", "default")) != "default" else None,
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            qk_norm=switches["qk_norm"],
+            qkv_bias=bias if switches["qkv_bias"] is None else switches["qkv_bias"],
+            o_bias=bias if switches["o_bias"] is None else switches["o_bias"],
+            mlp_bias=cfg.get("mlp_bias", False),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_id=[] if eos is None else [eos] if isinstance(eos, int) else list(eos),
+        )
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> "ModelConfig":
+        return cls.from_dict(json.loads((Path(path) / "config.json").read_text()))

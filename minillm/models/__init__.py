@@ -1,0 +1,19 @@
+"""Model classes by the architecture name a checkpoint's config.json gives, and the one call that loads them."""
+from pathlib import Path
+
+import torch
+
+from minillm.config import ARCHITECTURES, ModelConfig
+from minillm.models.qwen3 import Qwen3ForCausalLM
+from minillm.utils.loader import load_model, resolve_model_path
+
+MODEL_REGISTRY = {arch: Qwen3ForCausalLM for arch in ARCHITECTURES}
+
+
+def build_model(model: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Qwen3ForCausalLM:
+    """Read config.json, build the matching decoder and load its safetensors weights, ready for inference."""
+    path = resolve_model_path(model)
+    config = ModelConfig.from_pretrained(path)
+    net = MODEL_REGISTRY[config.architecture](config)
+    load_model(net, path)
+    return net.to(device=device, dtype=dtype).eval()

@@ -1,0 +1,81 @@
+"""Load a Hugging Face checkpoint directory into a minillm model, tensor by tensor, through weight_loaders."""
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from minillm.layers.linear import copy_checked
+
+
+def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None) -> None:
+    """Parameters with no layout of their own (norm weights) take the checkpoint tensor as it is."""
+    copy_checked(param.data, loaded_weight, "weight")
+
+
+def resolve_model_path(model: str | Path) -> Path:
+    """A local checkpoint directory as is; otherwise treat `model` as a hub id and download it (needs a network)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(str(model), allow_patterns=["*.json", "*.safetensors", "*.jinja"]))
+    except Exception as e:
+        raise FileNotFoundError(
+            f"{model!r} is not a local checkpoint directory and could not be fetched from the hub ({e}). "
+            "Pass the path of a directory holding config.json, *.safetensors and tokenizer.json."
+        ) from e
+
+
+def checkpoint_names(param_name: str, packed: dict) -> list[str]:
+    """The checkpoint tensors that fill one model parameter: several for a packed qkv_proj or gate_up_proj."""
+    for target in {t for t, _ in packed.values()}:
+        if f".{target}." in param_name:
+            return [param_name.replace(target, src) for src, (t, _) in packed.items() if t == target]
+    return [param_name]
+
+
+def load_model(model: nn.Module, path: str | Path) -> None:
+    """Copy every tensor of the *.safetensors files in `path` into `model`.
+
+    A checkpoint name like `layers.0.self_attn.k_proj.weight` is first mapped through the model's
+    packed_modules_mapping (to `qkv_proj` with shard "k"); the parameter's weight_loader does the copy.
+    Raises if a tensor has no parameter, a parameter got no tensor, or a shape differs.
+    """
+    packed = getattr(model, "packed_modules_mapping", {})
+    params = dict(model.named_parameters())
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors file in {path}")
+    seen, unexpected = set(), []
+    for file in files:
+        with safe_open(file, "pt", "cpu") as f:
+            for name in f.keys():
+                param_name, shard_id = name, None
+                for src, (target, shard) in packed.items():
+                    if f".{src}." in name:
+                        param_name, shard_id = name.replace(src, target), shard
+                        break
+                param = params.get(param_name)
+                if param is None:
+                    if name == "lm_head.weight" and model.config.tie_word_embeddings:
+                        continue  # tied: the embedding table already is the LM head
+                    unexpected.append(name)
+                    continue
+                try:
+                    with torch.no_grad():
+                        loader = getattr(param, "weight_loader", default_weight_loader)
+                        loader(param, f.get_tensor(name).to(param.dtype), shard_id)
+                except ValueError as e:
+                    raise ValueError(f"{name} ({file.name}): {e}") from None
+                seen.add(name)
+    missing = [n for p in params for n in checkpoint_names(p, packed) if n not in seen]
+    if unexpected or missing:
+        raise ValueError(
+            f"checkpoint {path} does not match the model "
+            f"({type(model).__name__}, architecture {model.config.architecture}): "
+            + (f"missing tensors {missing}; " if missing else "")
+            + (f"unexpected tensors {unexpected}" if unexpected else "")
+        )

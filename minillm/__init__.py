@@ -1,9 +1,6 @@
 """minillm: an LLM inference engine built up chapter by chapter, in the spirit of vLLM."""
-from pathlib import Path
+from minillm.config import default_model_path
+from minillm.llm import LLM
+from minillm.sampling_params import SamplingParams
 
-ASSETS = Path(__file__).parent / "assets"
-
-
-def default_model_path() -> Path:
-    """The embedded default model: a small story-telling Qwen3 that ships inside the package."""
-    return ASSETS / "default_model"
+__all__ = ["LLM", "SamplingParams", "default_model_path"]

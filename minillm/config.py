@@ -3,6 +3,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+
+def default_model_path() -> Path:
+    """The embedded default model: a small story-telling Qwen3 that ships inside the package."""
+    return Path(__file__).parent / "assets" / "default_model"
+
+
 # Architecture name in config.json -> the switches that make the one decoder in models/qwen3.py that model.
 ARCHITECTURES = {
     "Qwen3ForCausalLM": dict(qk_norm=True, qkv_bias=None, o_bias=None),
@@ -77,3 +83,30 @@ class ModelConfig:
     @classmethod
     def from_pretrained(cls, path: str | Path) -> "ModelConfig":
         return cls.from_dict(json.loads((Path(path) / "config.json").read_text()))
+
+
+@dataclass
+class Config:
+    """Engine settings (vLLM's names). The KV cache gets num_kvcache_blocks blocks, or as many as fit in
+    kvcache_memory_bytes."""
+
+    model: str | Path | None = None  # checkpoint directory or hub id; None = the embedded default model
+    max_num_seqs: int = 64  # sequences in one batch
+    max_num_batched_tokens: int = 4096  # tokens in one step; a longer prompt is prefilled in chunks
+    max_model_len: int | None = None  # prompt + generated tokens; default: the model's max_position_embeddings
+    kvcache_block_size: int = 16
+    num_kvcache_blocks: int | None = None
+    kvcache_memory_bytes: int = 512 * 2**20
+    enable_prefix_caching: bool = True
+    scheduling_policy: str = "fcfs"  # or "priority": higher priority first, FCFS among equals
+    dtype: str = "float32"
+    device: str = "cpu"
+
+    def __post_init__(self):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "kvcache_block_size", "kvcache_memory_bytes"):
+            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.num_kvcache_blocks is not None and not self.num_kvcache_blocks >= 1:
+            raise ValueError(f"num_kvcache_blocks must be >= 1, got {self.num_kvcache_blocks!r}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")

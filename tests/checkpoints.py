@@ -1,5 +1,6 @@
 """Random-weight Hugging Face checkpoints of several shapes, written with transformers for the oracle tests."""
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
                           Qwen3ForCausalLM)
 
@@ -33,4 +34,14 @@ def make_checkpoint(name: str, path, seed: int = 0):
             if n.endswith("bias") or "norm" in n:
                 p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(path)
+    write_byte_tokenizer(path)
     return model
+
+
+def write_byte_tokenizer(path):
+    """A tokenizer.json with exactly the 256 byte tokens (no merges), so any id < 256 decodes to text."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(str(path / "tokenizer.json"))

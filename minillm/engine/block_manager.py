@@ -1,0 +1,139 @@
+"""BlockManager: the KV cache as a pool of fixed-size blocks, shared between sequences by prefix hash.
+
+Each full block is named by a hash of its tokens chained with the hash of the block before it, so equal
+hashes mean equal prefixes. A new sequence whose leading blocks hash to blocks already in the cache
+reuses them (reference counted) instead of recomputing them. A freed block keeps its contents and hash on
+the free list, so a later identical prefix can revive it, until the block is taken for new tokens.
+"""
+import hashlib
+from collections import deque
+
+import numpy as np
+
+from minillm.engine.sequence import Sequence
+
+
+def compute_block_hash(token_ids: list[int], prefix_hash: int) -> int:
+    """A 64-bit hash of one full block's tokens, chained with the previous block's hash (-1 for the first)."""
+    # BEGIN EXERCISE 05.3: chained block hash — hash the previous block's hash together with this block's tokens
+    h = hashlib.blake2b(digest_size=8)
+    h.update(prefix_hash.to_bytes(8, "little", signed=True))
+    h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    return int.from_bytes(h.digest(), "little", signed=True)
+    # END EXERCISE
+
+
+class Block:
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.hash = -1  # -1: not (yet) a full, computed block that others may reuse
+        self.token_ids: list[int] = []
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 hash_fn=compute_block_hash):
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.hash_fn = hash_fn
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.hash_to_block_id: dict[int, int] = {}
+        self.free_block_ids: deque[int] = deque(range(num_blocks))  # oldest freed first: evicted first
+        self.used_block_ids: set[int] = set()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_block_ids)
+
+    def _take(self, block_id: int) -> Block:
+        """Move a block from the free list to use, keeping its contents (a revived cached block)."""
+        self.free_block_ids.remove(block_id)
+        self.used_block_ids.add(block_id)
+        block = self.blocks[block_id]
+        block.ref_count = 1
+        return block
+
+    def _take_new(self) -> Block:
+        """The least recently freed block, emptied: its old contents stop being findable by hash."""
+        block = self._take(self.free_block_ids[0])
+        if self.hash_to_block_id.get(block.hash) == block.block_id:
+            del self.hash_to_block_id[block.hash]
+        block.hash, block.token_ids = -1, []
+        return block
+
+    def num_blocks(self, num_tokens: int) -> int:
+        """Blocks needed to hold num_tokens tokens."""
+        return (num_tokens + self.block_size - 1) // self.block_size
+
+    def block_tokens(self, seq: Sequence, i: int) -> list[int]:
+        """The token ids that fill block i of seq (the last block may be partial)."""
+        return seq.token_ids[i * self.block_size:(i + 1) * self.block_size]
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        return self.num_free_blocks >= self.num_blocks(len(seq))
+
+    def allocate(self, seq: Sequence) -> None:
+        """Give seq blocks for all its tokens, reusing cached blocks of its longest cached prefix."""
+        # BEGIN EXERCISE 05.4: allocate with prefix reuse — walk the full blocks, reuse hash hits (checking tokens), else take new
+        assert not seq.block_table, "sequence already has blocks"
+        h, hit = -1, self.enable_prefix_caching
+        for i in range(self.num_blocks(len(seq))):
+            token_ids = self.block_tokens(seq, i)
+            block_id = -1
+            if hit and len(token_ids) == self.block_size:
+                h = self.hash_fn(token_ids, h)
+                block_id = self.hash_to_block_id.get(h, -1)
+                if block_id != -1 and self.blocks[block_id].token_ids != token_ids:
+                    block_id = -1  # a hash collision: same hash, other tokens
+            if block_id == -1:
+                hit = False  # after the first miss nothing further can be a cached prefix
+                block = self._take_new()
+            elif block_id in self.used_block_ids:
+                block = self.blocks[block_id]
+                block.ref_count += 1
+            else:
+                block = self._take(block_id)
+            if hit:
+                seq.num_cached_tokens += self.block_size
+            seq.block_table.append(block.block_id)
+        # END EXERCISE
+
+    def deallocate(self, seq: Sequence) -> None:
+        """Release seq's blocks; a block returns to the free list when no sequence uses it any more."""
+        # BEGIN EXERCISE 05.5: free with reference counts — decrement, and free blocks nobody uses
+        for block_id in reversed(seq.block_table):  # tail first, so shared prefixes stay cached longest
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.used_block_ids.remove(block_id)
+                self.free_block_ids.append(block_id)
+        seq.block_table.clear()
+        seq.num_cached_tokens = seq.num_computed_tokens = 0
+        # END EXERCISE
+
+    def can_append(self, seq: Sequence) -> bool:
+        """Is there a block for seq's newest token, should it start a new block?"""
+        return self.num_free_blocks >= (len(seq) > len(seq.block_table) * self.block_size)
+
+    def may_append(self, seq: Sequence) -> None:
+        """Add a block when seq's newest token does not fit in the blocks it has."""
+        if len(seq) > len(seq.block_table) * self.block_size:
+            seq.block_table.append(self._take_new().block_id)
+
+    def cache_blocks(self, seq: Sequence, num_tokens: int) -> None:
+        """Make seq's full blocks among its first num_tokens tokens findable by later prefixes.
+
+        Called with the tokens whose keys/values are computed by the end of the current step; a block is
+        never findable before its contents exist.
+        """
+        if not self.enable_prefix_caching:
+            return
+        h = -1
+        for i in range(num_tokens // self.block_size):
+            block = self.blocks[seq.block_table[i]]
+            if block.hash == -1:
+                token_ids = self.block_tokens(seq, i)
+                block.hash, block.token_ids = self.hash_fn(token_ids, h), token_ids
+                self.hash_to_block_id.setdefault(block.hash, block.block_id)
+            h = block.hash

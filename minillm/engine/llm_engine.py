@@ -1,0 +1,142 @@
+"""LLMEngine: add requests, step the scheduler and the model runner, hand back text as it is produced."""
+import time
+from dataclasses import dataclass, field, fields
+from typing import Iterator
+
+from tqdm.auto import tqdm
+
+from minillm.config import Config, default_model_path
+from minillm.engine.block_manager import BlockManager
+from minillm.engine.model_runner import ModelRunner
+from minillm.engine.scheduler import Scheduler
+from minillm.engine.sequence import Sequence
+from minillm.sampling_params import SamplingParams
+from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
+from minillm.utils.loader import resolve_model_path
+
+
+@dataclass
+class RequestOutput:
+    """One finished request: its text and tokens, why it stopped, and when (time.perf_counter seconds)."""
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    arrival_time: float
+    first_token_time: float
+    finish_time: float
+
+
+@dataclass
+class StreamOutput:
+    """New text of request `index` (its position in the prompts list); `finished` on its last piece."""
+
+    index: int
+    text: str
+    token_id: int
+    finished: bool
+
+
+class LLMEngine:
+    def __init__(self, model=None, **kwargs):
+        names = {f.name for f in fields(Config)}
+        unknown = set(kwargs) - names
+        if unknown:
+            raise TypeError(f"unknown engine option(s) {sorted(unknown)}; the options are {sorted(names)}")
+        self.config = config = Config(model=model, **kwargs)
+        path = resolve_model_path(model if model is not None else default_model_path())
+        self.tokenizer = Tokenizer(path)
+        self.model_runner = ModelRunner(config, path)
+        model_config = self.model_runner.model.config
+        max_len = model_config.max_position_embeddings
+        if config.max_model_len is None:
+            config.max_model_len = max_len
+        elif config.max_model_len > max_len:
+            raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
+                             f"max_position_embeddings={max_len}; use max_model_len <= {max_len}.")
+        self.vocab_size = model_config.vocab_size
+        self.block_manager = BlockManager(self.model_runner.num_kvcache_blocks, config.kvcache_block_size,
+                                          config.enable_prefix_caching)
+        eos = model_config.eos_token_id or [self.tokenizer.eos_token_id]
+        self.scheduler = Scheduler(config, self.block_manager, [t for t in eos if t is not None])
+
+    def add_request(self, prompt: str | list[int], sampling_params: SamplingParams, priority: int = 0) -> Sequence:
+        """Tokenize and check a request, then queue it. Raises ValueError naming the problem and the fix."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty: give at least one token (a non-empty string or id list)")
+        bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < self.vocab_size)]
+        if bad:
+            raise ValueError(f"unknown token ids {bad[:5]}: ids must be integers in [0, {self.vocab_size})")
+        total = len(ids) + sampling_params.max_tokens
+        if total > self.config.max_model_len:
+            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({sampling_params.max_tokens}) = {total} "
+                             f"exceeds max_model_len={self.config.max_model_len}: shorten the prompt or lower "
+                             "max_tokens")
+        need, have = self.block_manager.num_blocks(total), len(self.block_manager.blocks)
+        if need > have:
+            raise ValueError(f"the KV cache ({have} blocks of {self.config.kvcache_block_size} tokens) cannot hold "
+                             f"one request of {total} tokens ({need} blocks): raise num_kvcache_blocks or "
+                             "kvcache_memory_bytes, or lower max_tokens")
+        seq = Sequence(ids, sampling_params, priority)
+        self.scheduler.add(seq)
+        return seq
+
+    def step(self) -> tuple[list[Sequence], int]:
+        """Schedule and run one step. Returns the sequences that got a token, and the tokens computed."""
+        seqs, is_prefill = self.scheduler.schedule()
+        if not seqs:
+            raise RuntimeError("the scheduler found nothing to run although requests are waiting")
+        token_ids = self.model_runner.run(seqs, is_prefill)
+        now = time.perf_counter()
+        updated = self.scheduler.postprocess(seqs, token_ids)
+        for seq in updated:
+            seq.first_token_time = seq.first_token_time or now
+            if seq.is_finished:
+                seq.finish_time = now
+        return updated, sum(seq.num_scheduled_tokens for seq in seqs)
+
+    def is_finished(self) -> bool:
+        return self.scheduler.is_finished()
+
+    def _add_all(self, prompts, sampling_params, priorities) -> list[Sequence]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        sps = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
+        prios = priorities if priorities is not None else [0] * len(prompts)
+        if not (len(sps) == len(prios) == len(prompts)):
+            raise ValueError(f"{len(prompts)} prompts but {len(sps)} sampling params and {len(prios)} priorities: "
+                             "give one per prompt, or a single SamplingParams for all")
+        seqs = []
+        try:
+            for prompt, sp, prio in zip(prompts, sps, prios):
+                seqs.append(self.add_request(prompt, sp, prio))
+        except ValueError as e:  # reject the whole call before any work starts
+            for seq in seqs:
+                self.scheduler.waiting.remove(seq)
+            raise ValueError(f"prompt {len(seqs)}: {e}") from None
+        return seqs
+
+    def stream(self, prompts, sampling_params=None, priorities=None) -> Iterator[StreamOutput]:
+        """Yield each request's text as it is produced (incrementally detokenized)."""
+        seqs = self._add_all(prompts, sampling_params, priorities)
+        index = {seq.seq_id: i for i, seq in enumerate(seqs)}
+        detoks = {seq.seq_id: IncrementalDetokenizer(self.tokenizer, seq.token_ids) for seq in seqs}
+        while not self.is_finished():
+            for seq in self.step()[0]:
+                text = detoks[seq.seq_id].add(seq.last_token)
+                yield StreamOutput(index[seq.seq_id], text, seq.last_token, seq.is_finished)
+
+    def generate(self, prompts, sampling_params=None, priorities=None, use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run prompts (strings or token-id lists) to completion; one output per prompt, in order."""
+        seqs = self._add_all(prompts, sampling_params, priorities)
+        with tqdm(total=len(seqs), desc="Generating", disable=not use_tqdm, dynamic_ncols=True) as bar:
+            while not self.is_finished():
+                start = time.perf_counter()
+                updated, num_tokens = self.step()
+                bar.update(sum(seq.is_finished for seq in updated))
+                bar.set_postfix(tok_s=f"{num_tokens / (time.perf_counter() - start):.0f}")
+        return [RequestOutput(seq.token_ids[:seq.num_prompt_tokens], seq.completion_token_ids,
+                              self.tokenizer.decode(seq.completion_token_ids), seq.finish_reason,
+                              seq.arrival_time, seq.first_token_time, seq.finish_time) for seq in seqs]

@@ -1,0 +1,122 @@
+"""Scheduler: which sequences run in the next step, and what happens to them after it.
+
+Prefill first: waiting sequences are admitted while the batch has room (max_num_seqs sequences,
+max_num_batched_tokens tokens) and the KV cache has blocks; a prompt longer than the token budget is
+prefilled in chunks over several steps. With nothing to prefill, every running sequence decodes one token.
+When the cache runs out during decode, a sequence is preempted: its blocks are freed and it waits to be
+recomputed (its prefix blocks often survive in the prefix cache).
+"""
+from bisect import bisect_right
+from collections import deque
+
+from minillm.config import Config
+from minillm.engine.block_manager import BlockManager
+from minillm.engine.sequence import Sequence, SequenceStatus
+
+
+class Scheduler:
+    def __init__(self, config: Config, block_manager: BlockManager, eos_token_ids: list[int]):
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.policy = config.scheduling_policy
+        self.block_manager = block_manager
+        self.eos_token_ids = set(eos_token_ids)
+        self.waiting: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()
+
+    def is_finished(self) -> bool:
+        return not self.waiting and not self.running
+
+    def queue_key(self, seq: Sequence):
+        """Waiting order: by arrival (FCFS), or by priority (higher first) and then arrival."""
+        return (-seq.priority, seq.seq_id) if self.policy == "priority" else (seq.seq_id,)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue seq in policy order, behind a partly prefilled sequence (it holds blocks and must finish)."""
+        pos = bisect_right(self.waiting, self.queue_key(seq), key=self.queue_key)
+        if self.waiting and self.waiting[0].block_table:
+            pos = max(pos, 1)
+        self.waiting.insert(pos, seq)
+
+    def schedule(self) -> tuple[list[Sequence], bool]:
+        """The sequences of the next step, each with num_scheduled_tokens set, and whether it is a prefill."""
+        scheduled = self.schedule_prefill()
+        if scheduled:
+            return scheduled, True
+        return self.schedule_decode(), False
+
+    def schedule_prefill(self) -> list[Sequence]:
+        # BEGIN EXERCISE 06.2: prefill selection — admit waiting sequences under the sequence, token and block budgets
+        scheduled, budget = [], self.max_num_batched_tokens
+        while self.waiting and len(self.running) + len(scheduled) < self.max_num_seqs and budget > 0:
+            seq = self.waiting[0]
+            if not seq.block_table:
+                if not self.block_manager.can_allocate(seq):
+                    break
+                self.block_manager.allocate(seq)
+                seq.num_computed_tokens = min(seq.num_cached_tokens, len(seq) - 1)  # always compute one token
+            seq.num_scheduled_tokens = min(len(seq) - seq.num_computed_tokens, budget)
+            budget -= seq.num_scheduled_tokens
+            self.block_manager.cache_blocks(seq, seq.num_computed_tokens + seq.num_scheduled_tokens)
+            scheduled.append(seq)
+            if not seq.samples_this_step:
+                break  # a chunk of a long prompt: the rest comes in the next steps
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+        return scheduled
+        # END EXERCISE
+
+    def schedule_decode(self) -> list[Sequence]:
+        scheduled = []
+        while self.running and len(scheduled) < self.max_num_seqs:
+            seq = self.running.popleft()
+            if self.make_room(seq):
+                self.block_manager.may_append(seq)
+                seq.num_scheduled_tokens = 1
+                self.block_manager.cache_blocks(seq, len(seq))
+                scheduled.append(seq)
+        self.running.extendleft(reversed(scheduled))
+        return scheduled
+
+    def make_room(self, seq: Sequence) -> bool:
+        """Preempt sequences until seq's next token has a cache slot; False if seq itself had to go."""
+        # BEGIN EXERCISE 06.3: preemption — free the least important running sequence until seq fits
+        while not self.block_manager.can_append(seq):
+            victim = min([*self.running, seq], key=lambda s: (s.priority, -s.seq_id))  # lowest, then newest
+            self.preempt(victim)
+            if victim is seq:
+                return False
+        return True
+        # END EXERCISE
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free seq's blocks and queue it to be recomputed from its tokens so far."""
+        if seq in self.running:
+            self.running.remove(seq)
+        self.block_manager.deallocate(seq)
+        seq.status = SequenceStatus.WAITING
+        self.add(seq)
+
+    def postprocess(self, seqs: list[Sequence], token_ids: list[int | None]) -> list[Sequence]:
+        """Record the step: advance computed tokens, append sampled tokens, finish and free. Returns the
+        sequences that got a new token."""
+        # BEGIN EXERCISE 06.4: postprocess — append each sampled token, finish on EOS / stop token / max_tokens, free
+        updated = []
+        for seq, token in zip(seqs, token_ids):
+            seq.num_computed_tokens += seq.num_scheduled_tokens
+            if token is None:  # a prefill chunk that did not reach the end of the prompt
+                continue
+            seq.token_ids.append(token)
+            updated.append(seq)
+            sp = seq.sampling_params
+            if (token in self.eos_token_ids and not sp.ignore_eos) or token in sp.stop_token_ids:
+                seq.finish_reason = "stop"
+            elif seq.num_completion_tokens >= sp.max_tokens:
+                seq.finish_reason = "length"
+            if seq.finish_reason:
+                seq.status = SequenceStatus.FINISHED
+                self.block_manager.deallocate(seq)
+                self.running.remove(seq)
+        return updated
+        # END EXERCISE

@@ -1,0 +1,60 @@
+"""Sequence: one request's tokens, its place in the scheduler and its blocks in the KV cache."""
+import time
+from enum import Enum, auto
+from itertools import count
+
+import torch
+
+from minillm.sampling_params import SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED = auto()
+
+
+class Sequence:
+    """A prompt plus the tokens generated so far, and the bookkeeping the engine keeps about it."""
+
+    _ids = count()
+
+    def __init__(self, token_ids: list[int], sampling_params: SamplingParams = SamplingParams(),
+                 priority: int = 0):
+        self.seq_id = next(Sequence._ids)
+        self.status = SequenceStatus.WAITING
+        self.token_ids = list(token_ids)
+        self.num_prompt_tokens = len(token_ids)
+        self.num_cached_tokens = 0  # leading tokens found in the prefix cache
+        self.num_computed_tokens = 0  # leading tokens whose keys/values are in the cache
+        self.num_scheduled_tokens = 0  # tokens the current step computes
+        self.block_table: list[int] = []
+        self.sampling_params = sampling_params
+        self.priority = priority
+        self.generator = None if sampling_params.seed is None else torch.Generator().manual_seed(sampling_params.seed)
+        self.finish_reason: str | None = None  # "stop" (EOS or a stop token) or "length" (max_tokens)
+        self.arrival_time, self.first_token_time, self.finish_time = time.perf_counter(), None, None
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def last_token(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def completion_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    @property
+    def samples_this_step(self) -> bool:
+        """Does the current step reach the end of the sequence (so its last logits give a new token)?"""
+        return self.num_computed_tokens + self.num_scheduled_tokens == len(self.token_ids)

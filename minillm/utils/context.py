@@ -1,0 +1,34 @@
+"""The attention metadata of one forward step, set by whoever prepares the batch and read by every layer.
+
+A model's forward takes only token ids and positions; how those tokens are grouped into sequences and
+where their keys and values live in the KV cache travels here instead, as in vLLM and nano-vllm.
+"""
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Context:
+    is_prefill: bool = False
+    cu_seqlens_q: torch.Tensor | None = None  # [num_seqs + 1] offsets of each sequence's new tokens
+    cu_seqlens_k: torch.Tensor | None = None  # [num_seqs + 1] offsets of each sequence's whole context
+    slot_mapping: torch.Tensor | None = None  # [num_tokens] cache slot that each new token's K/V goes to
+    context_lens: torch.Tensor | None = None  # [num_seqs] tokens in the cache per sequence (decode)
+    block_tables: torch.Tensor | None = None  # [num_seqs, max_blocks] cache blocks per sequence, -1 padded
+
+
+_CONTEXT: Context | None = None
+
+
+def get_context() -> Context | None:
+    return _CONTEXT
+
+
+def set_context(context: Context | None) -> None:
+    global _CONTEXT
+    _CONTEXT = context
+
+
+def reset_context() -> None:
+    set_context(None)

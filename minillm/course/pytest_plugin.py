@@ -1,0 +1,50 @@
+"""pytest glue for the exercise tests in tests/exercises/ (registered by tests/conftest.py).
+
+- `--impl=solutions|exercises` picks the code under test: solutions/exNN_<topic>.py (the default, so a
+  fresh clone is green) or the student's exercises/exNN_<topic>.py.
+- `@pytest.mark.exercise("03.1")` says which exercise a test grades; the test also gets the chapter's
+  marker (`ch03`), so `pytest -m ch03` selects it, and the id travels in the report for the scoreboard.
+- The `impl` fixture is the selected module for the test's chapter: `impl.rms_norm(x, w, eps)`.
+"""
+import pytest
+
+from minillm.course.impl import load_impl
+
+
+def pytest_addoption(parser):
+    parser.addoption("--impl", choices=("solutions", "exercises"), default="solutions",
+                     help="grade solutions/exNN_*.py (default) or the student's exercises/exNN_*.py")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "exercise(id): the test grades exercise id ('NN.k'); adds marker chNN")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if marker := item.get_closest_marker("exercise"):
+            item.add_marker(f"ch{marker.args[0][:2]}")
+            item.user_properties.append(("exercise", marker.args[0]))
+
+
+@pytest.fixture(scope="session")
+def _impl_modules(pytestconfig):
+    """Each chapter's module, loaded once per session."""
+    modules = {}
+
+    def get(chapter: str):
+        if chapter not in modules:
+            modules[chapter] = load_impl(pytestconfig.getoption("impl"), chapter)
+        return modules[chapter]
+
+    return get
+
+
+@pytest.fixture
+def impl(request, _impl_modules):
+    """The implementation under test for this test's chapter (see --impl)."""
+    marker = request.node.get_closest_marker("exercise")
+    if marker is None:
+        raise pytest.UsageError(f"{request.node.nodeid} uses `impl` without @pytest.mark.exercise('NN.k')")
+    return _impl_modules(marker.args[0][:2])

@@ -1,0 +1,45 @@
+"""Show minillm's real source in a notebook, so that the course never carries a stale copy of the code.
+
+    show(rms_norm)                  the function as minillm has it now, syntax highlighted
+    show(RMSNorm.forward)           a method; show(minillm.layers.rms_norm) a whole module
+    show(rms_norm, solution=True)   exercise bodies revealed (by default they are replaced by their stubs)
+"""
+import html
+import inspect
+import textwrap
+from pathlib import Path
+
+from minillm.course import ROOT
+from minillm.course.markers import scan_file
+
+
+class Source:
+    """Code with a title; Jupyter renders it highlighted (_repr_html_), a terminal prints it as text."""
+
+    def __init__(self, code: str, title: str):
+        self.code, self.title = code, title
+
+    def __repr__(self) -> str:
+        return f"# {self.title}\n{self.code}"
+
+    def _repr_html_(self) -> str:
+        from pygments import highlight
+        from pygments.formatters import HtmlFormatter
+        from pygments.lexers import PythonLexer
+
+        code = highlight(self.code, PythonLexer(), HtmlFormatter(noclasses=True))
+        return f"<div><code style='font-size: 85%'>{html.escape(self.title)}</code>{code}</div>"
+
+
+def show(obj, solution: bool = False) -> Source:
+    """The source of a function, method, class or module, titled with its file and lines."""
+    lines, start = inspect.getsourcelines(obj)
+    start = max(start, 1)  # a module starts at line 0
+    path = Path(inspect.getsourcefile(obj)).resolve()
+    end = start + len(lines) - 1
+    if not solution:
+        for e in reversed(scan_file(path) if path.is_relative_to(ROOT / "minillm") else []):
+            if start <= e.begin and e.end <= end:
+                lines[e.begin - start + 1:e.end - start] = [s + "\n" for s in e.stub()]
+    where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    return Source(textwrap.dedent("".join(lines)).rstrip("\n"), f"{where.as_posix()}, lines {start}–{end}")

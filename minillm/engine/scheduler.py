@@ -48,7 +48,7 @@ class Scheduler:
     def schedule_prefill(self) -> list[Sequence]:
         # BEGIN EXERCISE 06.2: prefill selection — admit waiting sequences under the sequence, token and block budgets
         scheduled, budget = [], self.max_num_batched_tokens
-        while self.waiting and len(self.running) + len(scheduled) < self.max_num_seqs and budget > 0:
+        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             seq = self.waiting[0]
             if not seq.block_table:
                 if not self.block_manager.can_allocate(seq):

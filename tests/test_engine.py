@@ -1,0 +1,86 @@
+"""The engine against the naive generator: every scheduling path gives token-identical greedy output."""
+import pytest
+import torch
+from checkpoints import CONFIGS, make_checkpoint
+
+from minillm import LLM, SamplingParams
+from minillm.engine.scheduler import Scheduler
+from minillm.models import build_model
+from minillm.naive import generate_cached, generate_naive
+
+GREEDY = SamplingParams(temperature=0, max_tokens=24)
+SETTINGS = {
+    "default": {},
+    "chunked-prefill": dict(max_num_batched_tokens=20),
+    "preemption": dict(num_kvcache_blocks=24, kvcache_block_size=4),
+    "no-prefix-cache": dict(enable_prefix_caching=False),
+}
+
+
+def make_prompts():
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (5, 17, 40, 33, 64, 3, 16, 32)]
+    return prompts + [prompts[4] + [1, 2, 3], prompts[4][:32]]  # shared prefixes, one fully cached
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """name -> (checkpoint dir, greedy tokens of each prompt generated alone by the naive loop), made once."""
+    made = {}
+
+    def get(name):
+        if name not in made:
+            path = tmp_path_factory.mktemp(name)
+            make_checkpoint(name, path)
+            model = build_model(path)
+            made[name] = path, [list(generate_naive(model, p, GREEDY.max_tokens)) for p in make_prompts()]
+        return made[name]
+
+    return get
+
+
+@pytest.fixture
+def counters(monkeypatch):
+    """Counts of what the scheduler did, to prove each setting exercised its path."""
+    counts = {"preempt": 0, "chunks": 0, "cached_tokens": 0}
+    preempt, prefill = Scheduler.preempt, Scheduler.schedule_prefill
+
+    def count_preempt(self, seq):
+        counts["preempt"] += 1
+        preempt(self, seq)
+
+    def count_prefill(self):
+        seqs = prefill(self)
+        counts["chunks"] += sum(not s.samples_this_step for s in seqs)
+        counts["cached_tokens"] += sum(s.num_cached_tokens for s in seqs if s.num_computed_tokens == min(
+            s.num_cached_tokens, len(s) - 1))
+        return seqs
+
+    monkeypatch.setattr(Scheduler, "preempt", count_preempt)
+    monkeypatch.setattr(Scheduler, "schedule_prefill", count_prefill)
+    return counts
+
+
+# every architecture with the default settings; every setting on one (scheduling ignores the architecture)
+CASES = [(name, "default") for name in sorted(CONFIGS)] + [("qwen3-gqa-tied", s) for s in sorted(SETTINGS) if s != "default"]
+
+
+@pytest.mark.parametrize("name,setting", CASES)
+def test_batched_greedy_equals_naive_one_at_a_time(reference, name, setting, counters):
+    path, expected = reference(name)
+    llm = LLM(path, **SETTINGS[setting])
+    outputs = llm.generate(make_prompts(), GREEDY, use_tqdm=False)
+    assert [out.token_ids for out in outputs] == expected
+    assert llm.block_manager.num_free_blocks == len(llm.block_manager.blocks)  # nothing leaked
+    expected = {"chunked-prefill": "chunks", "preemption": "preempt", "default": "cached_tokens"}.get(setting)
+    if expected:
+        assert counters[expected] > 0
+    if setting == "no-prefix-cache":
+        assert counters["cached_tokens"] == 0
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_contiguous_cache_equals_naive(reference, name):
+    path, expected = reference(name)
+    model = build_model(path)
+    assert [list(generate_cached(model, p, GREEDY.max_tokens)) for p in make_prompts()] == expected

@@ -1,0 +1,88 @@
+"""Scheduler decisions on their own (no model): budgets, chunking, preemption order, finishing."""
+from minillm.config import Config
+from minillm.engine.block_manager import BlockManager
+from minillm.engine.scheduler import Scheduler
+from minillm.engine.sequence import Sequence, SequenceStatus
+from minillm.sampling_params import SamplingParams
+
+
+def scheduler(num_blocks=16, block_size=4, **kw) -> Scheduler:
+    return Scheduler(Config(**kw), BlockManager(num_blocks, block_size), eos_token_ids=[0])
+
+
+def run_step(s: Scheduler, token=7):
+    """Schedule one step and pretend the model sampled `token` for every sequence that reached its end."""
+    seqs, is_prefill = s.schedule()
+    s.postprocess(seqs, [token if seq.samples_this_step else None for seq in seqs])
+    return seqs, is_prefill
+
+
+def test_prefill_respects_the_sequence_and_token_budgets():
+    s = scheduler(max_num_seqs=2, max_num_batched_tokens=100)
+    for n in (10, 10, 10):
+        s.add(Sequence([1] * n))
+    seqs, is_prefill = s.schedule()
+    assert is_prefill and len(seqs) == 2 and len(s.waiting) == 1
+
+
+def test_a_long_prompt_is_prefilled_in_chunks():
+    s = scheduler(num_blocks=16, max_num_batched_tokens=8)
+    seq = Sequence(list(range(1, 21)))
+    s.add(seq)
+    chunks = []
+    while seq.num_completion_tokens == 0:
+        seqs, is_prefill = run_step(s)
+        chunks.append(seq.num_scheduled_tokens)
+    assert chunks == [8, 8, 4] and seq.status == SequenceStatus.RUNNING
+
+
+def test_prefill_comes_before_decode():
+    s = scheduler()
+    s.add(Sequence([1, 2, 3]))
+    run_step(s)
+    s.add(Sequence([4, 5]))
+    seqs, is_prefill = run_step(s)
+    assert is_prefill and [len(x) for x in seqs] == [3]
+    seqs, is_prefill = run_step(s)
+    assert not is_prefill and len(seqs) == 2
+
+
+def test_preemption_takes_the_lowest_priority_and_requeues_it():
+    s = scheduler(num_blocks=3, block_size=2, scheduling_policy="priority")
+    low, high = Sequence([1, 2], priority=0), Sequence([3, 4], priority=9)
+    s.add(low), s.add(high)
+    run_step(s)  # both prefilled: one full block each, plus a sampled token each
+    run_step(s)  # decode: high first takes the last free block; low then has none -> low is preempted
+    assert low.status == SequenceStatus.WAITING and not low.block_table and s.waiting[0] is low
+    assert high.status == SequenceStatus.RUNNING
+    assert s.block_manager.num_free_blocks == 1
+
+
+def test_fcfs_preempts_the_newest():
+    s = scheduler(num_blocks=3, block_size=2)
+    old, new = Sequence([1, 2]), Sequence([3, 4])
+    s.add(old), s.add(new)
+    run_step(s)
+    run_step(s)
+    assert new.status == SequenceStatus.WAITING and old.status == SequenceStatus.RUNNING
+
+
+def test_finish_on_eos_or_max_tokens_frees_blocks():
+    s = scheduler()
+    eos, capped = Sequence([1, 2]), Sequence([3], SamplingParams(max_tokens=2))
+    s.add(eos), s.add(capped)
+    seqs, _ = s.schedule()
+    s.postprocess(seqs, [0, 5])  # eos gets EOS (id 0)
+    assert eos.finish_reason == "stop" and not eos.block_table
+    run_step(s)
+    assert capped.finish_reason == "length" and capped.completion_token_ids == [5, 7]
+    assert s.is_finished() and s.block_manager.num_free_blocks == 16
+
+
+def test_ignore_eos_keeps_going():
+    s = scheduler()
+    seq = Sequence([1], SamplingParams(max_tokens=3, ignore_eos=True))
+    s.add(seq)
+    for _ in range(3):
+        run_step(s, token=0)
+    assert seq.finish_reason == "length" and seq.completion_token_ids == [0, 0, 0]

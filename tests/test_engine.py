@@ -6,7 +6,7 @@ from checkpoints import CONFIGS, make_checkpoint
 from minillm import LLM, SamplingParams
 from minillm.engine.scheduler import Scheduler
 from minillm.models import build_model
-from minillm.naive import generate_cached, generate_naive
+from minillm.naive import generate_cached, generate_naive, generate_static
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24)
 SETTINGS = {
@@ -84,3 +84,12 @@ def test_contiguous_cache_equals_naive(reference, name):
     path, expected = reference(name)
     model = build_model(path)
     assert [list(generate_cached(model, p, GREEDY.max_tokens)) for p in make_prompts()] == expected
+
+
+def test_static_batching_equals_naive(reference):
+    path, expected = reference("qwen3-gqa-tied")
+    runner = LLM(path).model_runner
+    prompts = make_prompts()
+    params = [SamplingParams(temperature=0, max_tokens=n) for n in (24, 3, 24, 10, 24, 1, 24, 24, 7, 24)]
+    seqs = generate_static(runner, prompts, params, batch_size=4)
+    assert [s.completion_token_ids for s in seqs] == [e[:p.max_tokens] for e, p in zip(expected, params)]

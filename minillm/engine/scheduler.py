@@ -14,6 +14,14 @@ from minillm.engine.block_manager import BlockManager
 from minillm.engine.sequence import Sequence, SequenceStatus
 
 
+def finish_reason(seq: Sequence, eos_token_ids: set[int]) -> str | None:
+    """Why seq stops after its newest token: "stop" (EOS or a stop token), "length" (max_tokens), or None."""
+    sp, token = seq.sampling_params, seq.last_token
+    if (token in eos_token_ids and not sp.ignore_eos) or token in sp.stop_token_ids:
+        return "stop"
+    return "length" if seq.num_completion_tokens >= sp.max_tokens else None
+
+
 class Scheduler:
     def __init__(self, config: Config, block_manager: BlockManager, eos_token_ids: list[int]):
         self.max_num_seqs = config.max_num_seqs
@@ -109,11 +117,7 @@ class Scheduler:
                 continue
             seq.token_ids.append(token)
             updated.append(seq)
-            sp = seq.sampling_params
-            if (token in self.eos_token_ids and not sp.ignore_eos) or token in sp.stop_token_ids:
-                seq.finish_reason = "stop"
-            elif seq.num_completion_tokens >= sp.max_tokens:
-                seq.finish_reason = "length"
+            seq.finish_reason = finish_reason(seq, self.eos_token_ids)
             if seq.finish_reason:
                 seq.status = SequenceStatus.FINISHED
                 self.block_manager.deallocate(seq)

@@ -1,38 +1,34 @@
-"""`make demo`: the embedded default model tells a few stories, streamed token by token."""
+"""`make demo`: the embedded default model tells stories, a batch at a time, through the full engine."""
 import time
 
-import torch
-
-from minillm import default_model_path
-from minillm.models import build_model
-from minillm.naive import generate_naive
-from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
+from minillm import LLM, SamplingParams, default_model_path
 
 OPENINGS = [
     "Once upon a time, there was a little fox named Pip.",
     "One sunny morning, Mia went to the park.",
     "Tom had a red ball.",
+    "In a small village, there lived a kind old owl.",
+    "Lily and her dog Max walked to the lake.",
+    "One day, a little bird could not find its nest.",
+    "Ben wanted to build a big sand castle.",
+    "The rain fell all day, and Sam was sad.",
 ]
 
 
 def main() -> None:
-    path = default_model_path()
-    if not (path / "config.json").exists():
-        raise SystemExit(f"The default model is missing from {path}; build it with "
-                         "`python scripts/build_default_model.py`.")
-    tokenizer, model = Tokenizer(path), build_model(path)
-    print(f"minillm demo: default model from {path} (naive generator: the whole sequence recomputed per token)\n")
-    for i, opening in enumerate(OPENINGS):
-        prompt = tokenizer.encode(opening)
-        detok = IncrementalDetokenizer(tokenizer, prompt)
-        print(opening, end="", flush=True)
-        start, n = time.perf_counter(), 0
-        for n, token in enumerate(generate_naive(model, prompt, 200, temperature=0.8, top_p=0.95, seed=i,
-                                                 eos_token_ids=[tokenizer.eos_token_id]), 1):
-            print(detok.add(token), end="", flush=True)
-        print(f"\n  [{n} tokens, {n / (time.perf_counter() - start):.1f} tokens/s]\n")
+    print(f"minillm demo: the default model from {default_model_path()}\n")
+    llm = LLM()
+    params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=200, seed=0)
+    start = time.perf_counter()
+    outputs = llm.generate(OPENINGS, params)
+    elapsed = time.perf_counter() - start
+    for opening, out in zip(OPENINGS, outputs):
+        print(f"\n--- {opening}{out.text}\n    [{len(out.token_ids)} tokens, finished by {out.finish_reason}]")
+    generated = sum(len(out.token_ids) for out in outputs)
+    ttft = sum(out.first_token_time - out.arrival_time for out in outputs) / len(outputs)
+    print(f"\n{len(outputs)} stories, {generated} tokens in {elapsed:.2f} s: {generated / elapsed:.0f} output tokens/s "
+          f"(mean time to first token {ttft * 1000:.0f} ms)")
 
 
 if __name__ == "__main__":
-    torch.set_grad_enabled(False)
     main()

@@ -1,1 +1,12 @@
 pytest_plugins = ["minillm.course.pytest_plugin"]
+
+import pytest  # noqa: E402
+from checkpoints import make_checkpoint  # noqa: E402  (tests/ is on sys.path: this file lives there)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """A random-weight Qwen3 checkpoint directory (GQA, tied, 256 byte tokens), written once per session."""
+    path = tmp_path_factory.mktemp("tiny-qwen3")
+    make_checkpoint("qwen3-gqa-tied", path)
+    return path

@@ -17,11 +17,16 @@ def slot_mapping_for(block_table: list[int], start: int, end: int, block_size: i
 
 def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   slot_mapping: torch.Tensor) -> None:
-    """Write each token's key and value [tokens, kv_heads, head_dim] into its slot; slot -1 means skip."""
+    """Write each token's key and value [tokens, kv_heads, head_dim] into its slot; slot -1 means skip.
+
+    Slot s is row s of the cache seen as [num_blocks * block_size, kv_heads, head_dim].
+    """
+    # BEGIN EXERCISE 04.2: append to the cache — copy each token's key and value into its slot, skipping slot -1
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
     k_cache.view(-1, *k_cache.shape[2:])[slots] = k[keep]
     v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep]
+    # END EXERCISE
 
 
 def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> torch.Tensor:

@@ -96,7 +96,8 @@ class Config:
     max_model_len: int | None = None  # prompt + generated tokens; default: the model's max_position_embeddings
     kvcache_block_size: int = 16
     num_kvcache_blocks: int | None = None
-    kvcache_memory_bytes: int = 512 * 2**20
+    kvcache_memory_bytes: int = 512 * 2**20  # CPU
+    gpu_memory_utilization: float = 0.9  # CUDA: fraction of the device's memory minillm may use in all
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"  # or "priority": higher priority first, FCFS among equals
     dtype: str = "float32"

@@ -10,3 +10,15 @@ def tiny_checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-qwen3")
     make_checkpoint("qwen3-gqa-tied", path)
     return path
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked gpu need CUDA: on a CPU-only machine they are skipped, with the reason shown."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA; run scripts/gpu_check.sh on a machine with a GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

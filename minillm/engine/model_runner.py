@@ -16,8 +16,40 @@ class ModelRunner:
         self.model = build_model(model_path, getattr(torch, config.dtype), config.device)
         self.block_size = config.kvcache_block_size
         bytes_per_block = kv_cache_bytes_per_token(self.model.config, getattr(torch, config.dtype)) * self.block_size
-        self.num_kvcache_blocks = config.num_kvcache_blocks or config.kvcache_memory_bytes // bytes_per_block
+        self.num_kvcache_blocks = config.num_kvcache_blocks or self.kv_cache_budget(config) // bytes_per_block
+        if self.num_kvcache_blocks < 1:
+            raise ValueError(f"no memory is left for the KV cache (one block needs {bytes_per_block} bytes): "
+                             "raise kvcache_memory_bytes / gpu_memory_utilization or use a smaller model")
         self.kv_cache = allocate_kv_cache(self.model, self.num_kvcache_blocks, self.block_size)
+
+    def kv_cache_budget(self, config: Config) -> int:
+        """Bytes for the KV cache. CPU: kvcache_memory_bytes. CUDA: gpu_memory_utilization of the device, less
+        what is in use and the activation peak of one full prefill step (measured by a warm-up run)."""
+        if self.device.type != "cuda":
+            return config.kvcache_memory_bytes
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.warmup(config)
+        free, total = torch.cuda.mem_get_info(self.device)
+        stats = torch.cuda.memory_stats(self.device)
+        peak, current = stats["allocated_bytes.all.peak"], stats["allocated_bytes.all.current"]
+        return int(total * config.gpu_memory_utilization - (total - free) - (peak - current))
+
+    @torch.inference_mode()
+    def warmup(self, config: Config) -> None:
+        """One prefill of max_num_batched_tokens tokens (as sequences of max_model_len), with no cache yet."""
+        max_len = min(config.max_model_len or 1 << 30, self.model.config.max_position_embeddings,
+                      config.max_num_batched_tokens)
+        n = max(1, min(config.max_num_batched_tokens // max_len, config.max_num_seqs))
+        cu = torch.arange(0, n * max_len + 1, max_len, device=self.device)
+        set_context(Context(is_prefill=True, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                            slot_mapping=torch.full((n * max_len,), -1, device=self.device)))
+        try:
+            self.model(torch.zeros(n * max_len, dtype=torch.long, device=self.device),
+                       torch.arange(max_len, device=self.device).repeat(n))
+        finally:
+            reset_context()
+        torch.cuda.empty_cache()
 
     def tensor(self, data, dtype=torch.long) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype, device=self.device)
@@ -55,6 +87,9 @@ class ModelRunner:
     def prepare_sample(self, seqs: list[Sequence]):
         """Per-row sampling parameters: temperatures, top_k, top_p and each request's generator."""
         sp = [seq.sampling_params for seq in seqs]
+        for seq in seqs:  # a seeded request's own random stream, on the device that samples
+            if seq.generator is None and seq.sampling_params.seed is not None:
+                seq.generator = torch.Generator(self.device).manual_seed(seq.sampling_params.seed)
         return (self.tensor([p.temperature for p in sp], torch.float), self.tensor([p.top_k for p in sp]),
                 self.tensor([p.top_p for p in sp], torch.float), [seq.generator for seq in seqs])
 

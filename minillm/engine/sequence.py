@@ -31,7 +31,7 @@ class Sequence:
         self.block_table: list[int] = []
         self.sampling_params = sampling_params
         self.priority = priority
-        self.generator = None if sampling_params.seed is None else torch.Generator().manual_seed(sampling_params.seed)
+        self.generator: torch.Generator | None = None  # made from sampling_params.seed when first sampled
         self.finish_reason: str | None = None  # "stop" (EOS or a stop token) or "length" (max_tokens)
         self.arrival_time, self.first_token_time, self.finish_time = time.perf_counter(), None, None
 

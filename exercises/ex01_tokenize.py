@@ -12,6 +12,24 @@ the reference lives there. `build` will not overwrite this file once you have ed
 
 
 # minillm/tokenizer.py
+def bpe_encode_word(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
+    """Split one pre-tokenized word into BPE tokens by replaying the learned merges.
+
+    `word` is written in the byte-level alphabet of tokenizer.json (one character per byte, a leading space
+    shown as "Ġ"). Start from its single characters; then, again and again, merge the adjacent pair whose
+    merge was learned first (lowest rank), the leftmost one if it occurs twice, until no adjacent pair is in
+    `ranks`. With ranks {("h", "e"): 0, ("Ġ", "t"): 1, ("Ġt", "he"): 2}: "Ġthe" -> ["Ġ", "t", "h", "e"]
+    -> ["Ġ", "t", "he"] -> ["Ġt", "he"] -> ["Ġthe"].
+    """
+    # BEGIN EXERCISE 01.1: BPE encode — from single characters, merge the lowest-ranked adjacent pair, repeat
+    raise NotImplementedError(
+        "Exercise 01.1 (BPE encode — from single characters, merge the lowest-ranked adjacent pair, repeat) is not done yet: "
+        "implement bpe_encode_word in exercises/ex01_tokenize.py — see notebooks/01_tokenize.ipynb"
+    )
+    # END EXERCISE
+
+
+# minillm/tokenizer.py
 def detokenize_incrementally(tokenizer, ids: list[int], prefix_offset: int, read_offset: int):
     """Text that the newest token adds, without breaking a character that spans several tokens.
 
@@ -27,4 +45,4 @@ def detokenize_incrementally(tokenizer, ids: list[int], prefix_offset: int, read
     )
     # END EXERCISE
 
-# build checksum: d949372b02ffe275 (lets `build` tell this untouched file from your edits)
+# build checksum: d69fcae46a82f03f (lets `build` tell this untouched file from your edits)

@@ -6,6 +6,34 @@ import jinja2.sandbox
 from tokenizers import Tokenizer as HFTokenizer
 
 
+def bpe_encode_word(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
+    """Split one pre-tokenized word into BPE tokens by replaying the learned merges.
+
+    `word` is written in the byte-level alphabet of tokenizer.json (one character per byte, a leading space
+    shown as "Ġ"). Start from its single characters; then, again and again, merge the adjacent pair whose
+    merge was learned first (lowest rank), the leftmost one if it occurs twice, until no adjacent pair is in
+    `ranks`. With ranks {("h", "e"): 0, ("Ġ", "t"): 1, ("Ġt", "he"): 2}: "Ġthe" -> ["Ġ", "t", "h", "e"]
+    -> ["Ġ", "t", "he"] -> ["Ġt", "he"] -> ["Ġthe"].
+    """
+    # BEGIN EXERCISE 01.1: BPE encode — from single characters, merge the lowest-ranked adjacent pair, repeat
+    pieces = list(word)
+    while len(pieces) > 1:
+        rank, i = min((ranks.get(pair, float("inf")), i) for i, pair in enumerate(zip(pieces, pieces[1:])))
+        if rank == float("inf"):
+            break
+        pieces[i:i + 2] = [pieces[i] + pieces[i + 1]]
+    return pieces
+    # END EXERCISE
+
+
+def load_bpe_ranks(path: str | Path) -> dict[tuple[str, str], int]:
+    """The merges of a tokenizer.json (or of the tokenizer.json in directory `path`): pair -> rank, 0 = first."""
+    path = Path(path)
+    model = json.loads((path / "tokenizer.json" if path.is_dir() else path).read_text())["model"]
+    pairs = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    return {pair: rank for rank, pair in enumerate(pairs)}
+
+
 def detokenize_incrementally(tokenizer, ids: list[int], prefix_offset: int, read_offset: int):
     """Text that the newest token adds, without breaking a character that spans several tokens.
 

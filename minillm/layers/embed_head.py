@@ -7,12 +7,16 @@ from minillm.layers.linear import copy_checked
 
 def embed(input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Row lookup: token id t becomes weight[t] (the same as one_hot(t) @ weight, without the matmul)."""
+    # BEGIN EXERCISE 02.1: embedding lookup — token id t becomes row t of the table, for ids of any shape
     return weight[input_ids]
+    # END EXERCISE
 
 
 def lm_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Score every vocabulary entry: hidden @ weight.T, one logit per token id."""
+    # BEGIN EXERCISE 02.2: LM head — one logit per vocabulary entry: hidden dotted with each row of the table
     return hidden @ weight.T
+    # END EXERCISE
 
 
 class VocabParallelEmbedding(nn.Module):

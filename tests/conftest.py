@@ -1,7 +1,11 @@
+import pytest
+import torch
+from checkpoints import make_checkpoint  # tests/ is on sys.path: this file lives there
+
 pytest_plugins = ["minillm.course.pytest_plugin"]
 
-import pytest  # noqa: E402
-from checkpoints import make_checkpoint  # noqa: E402  (tests/ is on sys.path: this file lives there)
+# The test models are tiny: one thread avoids OpenMP's start-up and hand-off costs on every small matmul.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -14,8 +18,6 @@ def tiny_checkpoint(tmp_path_factory):
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked gpu need CUDA: on a CPU-only machine they are skipped, with the reason shown."""
-    import torch
-
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA; run scripts/gpu_check.sh on a machine with a GPU")

@@ -72,6 +72,11 @@ def test_batched_greedy_equals_naive_one_at_a_time(reference, name, setting, cou
     outputs = llm.generate(make_prompts(), GREEDY, use_tqdm=False)
     assert [out.token_ids for out in outputs] == expected
     assert llm.block_manager.num_free_blocks == len(llm.block_manager.blocks)  # nothing leaked
+    assert_exercised(setting, counters)
+
+
+def assert_exercised(setting, counters):
+    """Each setting really took its path: chunks, preemptions, prefix-cache hits (or none without the cache)."""
     expected = {"chunked-prefill": "chunks", "preemption": "preempt", "default": "cached_tokens"}.get(setting)
     if expected:
         assert counters[expected] > 0
@@ -93,3 +98,31 @@ def test_static_batching_equals_naive(reference):
     params = [SamplingParams(temperature=0, max_tokens=n) for n in (24, 3, 24, 10, 24, 1, 24, 24, 7, 24)]
     seqs = generate_static(runner, prompts, params, batch_size=4)
     assert [s.completion_token_ids for s in seqs] == [e[:p.max_tokens] for e, p in zip(expected, params)]
+
+
+@pytest.fixture(scope="module")
+def story_reference():
+    """The default model, held-out openings (two sharing a long prefix) and their naive greedy continuations."""
+    from minillm import default_model_path
+    from minillm.data import heldout_openings
+    from minillm.tokenizer import Tokenizer
+
+    path = default_model_path()
+    tok, model = Tokenizer(path), build_model(path)
+    openings = heldout_openings(6)
+    prompts = [tok.encode(o) for o in openings + [openings[0] + " Then"]]
+    eos = [tok.eos_token_id]
+    return prompts, [list(generate_naive(model, p, 40, eos_token_ids=eos)) for p in prompts]
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_default_model_batched_equals_naive(story_reference, setting, counters):
+    prompts, expected = story_reference
+    kwargs = dict(SETTINGS[setting])
+    if setting == "preemption":
+        kwargs = dict(num_kvcache_blocks=40, kvcache_block_size=4)
+    llm = LLM(**kwargs)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=40), use_tqdm=False)
+    assert [o.token_ids for o in outputs] == expected
+    assert llm.block_manager.num_free_blocks == len(llm.block_manager.blocks)
+    assert_exercised(setting, counters)

@@ -12,6 +12,7 @@ the reference lives there. `build` will not overwrite this file once you have ed
 import torch
 
 import minillm.engine.scheduler
+from minillm.engine.scheduler import finish_reason
 from minillm.engine.sequence import Sequence, SequenceStatus
 
 
@@ -58,4 +59,4 @@ class Scheduler(minillm.engine.scheduler.Scheduler):
         )
         # END EXERCISE
 
-# build checksum: ff2249bfcd724041 (lets `build` tell this untouched file from your edits)
+# build checksum: 5d271287b5f2dc3c (lets `build` tell this untouched file from your edits)

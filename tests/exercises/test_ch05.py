@@ -1,8 +1,9 @@
 """Chapter 05 exercises: slot mapping (05.1), paged decode attention (05.2), the chained block hash (05.3),
 allocation with prefix reuse (05.4) and freeing with reference counts (05.5).
 
-Each piece is checked on small cases you can work out by hand, then the engine runs with your code plugged
-in: its greedy output must equal the naive generator's, and no block may leak.
+Each piece is checked on small cases you can work out by hand (a method runs inside minillm's BlockManager,
+with the reference for everything else), then the engine runs with your code plugged in: its greedy output
+must equal the naive generator's, and no block may leak.
 
     python -m minillm.course grade 05
 """
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 
 from minillm import LLM, SamplingParams
 from minillm.course import use_impl
+from minillm.engine.block_manager import BlockManager
 from minillm.engine.sequence import Sequence
 from minillm.models import build_model
 from minillm.naive import generate_naive
@@ -60,11 +62,12 @@ def computed(bm, tokens):
 
 @pytest.mark.exercise("05.4")
 def test_allocate_covers_every_token_and_reuses_full_cached_blocks(impl):
-    bm = impl.BlockManager(10, 4)
-    a = computed(bm, list(range(9)))
+    with use_impl(impl, "05.4"):
+        bm = BlockManager(10, 4)
+        a = computed(bm, list(range(9)))
+        b = Sequence(list(range(8)) + [99, 98])
+        bm.allocate(b)
     assert len(a.block_table) == 3 and a.num_cached_tokens == 0
-    b = Sequence(list(range(8)) + [99, 98])
-    bm.allocate(b)
     assert b.block_table[:2] == a.block_table[:2] and b.num_cached_tokens == 8
     assert b.block_table[2] not in a.block_table, "a partial block is never shared"
     assert [bm.blocks[i].ref_count for i in a.block_table] == [2, 2, 1]
@@ -72,41 +75,50 @@ def test_allocate_covers_every_token_and_reuses_full_cached_blocks(impl):
 
 @pytest.mark.exercise("05.4")
 def test_allocate_checks_tokens_on_a_hash_collision(impl):
-    bm = impl.BlockManager(10, 4, hash_fn=lambda token_ids, prefix: 7)
-    a = computed(bm, [1, 2, 3, 4])
-    b = Sequence([4, 3, 2, 1])
-    bm.allocate(b)
+    with use_impl(impl, "05.4"):
+        bm = BlockManager(10, 4, hash_fn=lambda token_ids, prefix: 7)
+        a = computed(bm, [1, 2, 3, 4])
+        b = Sequence([4, 3, 2, 1])
+        bm.allocate(b)
     assert b.num_cached_tokens == 0 and b.block_table != a.block_table
 
 
 @pytest.mark.exercise("05.5")
 def test_deallocate_frees_a_shared_block_only_when_unused(impl):
-    bm = impl.BlockManager(6, 4)
-    a = computed(bm, list(range(8)))
-    b = computed(bm, list(range(8)) + [1])
-    bm.deallocate(a)
-    assert not a.block_table and bm.num_free_blocks == 3  # both of a's blocks are still b's
-    bm.deallocate(b)
+    with use_impl(impl, "05.5"):
+        bm = BlockManager(6, 4)
+        a = computed(bm, list(range(8)))
+        b = computed(bm, list(range(8)) + [1])
+        bm.deallocate(a)
+        assert not a.block_table and bm.num_free_blocks == 3  # both of a's blocks are still b's
+        bm.deallocate(b)
     assert bm.num_free_blocks == 6 and not bm.used_block_ids
 
 
 @pytest.mark.exercise("05.5")
 def test_a_freed_prefix_can_be_revived(impl):
-    bm = impl.BlockManager(6, 4)
-    a = computed(bm, list(range(8)))
-    table = list(a.block_table)
-    bm.deallocate(a)
-    b = Sequence(list(range(8)) + [3])
-    bm.allocate(b)
+    with use_impl(impl, "05.5"):
+        bm = BlockManager(6, 4)
+        a = computed(bm, list(range(8)))
+        table = list(a.block_table)
+        bm.deallocate(a)
+        b = Sequence(list(range(8)) + [3])
+        bm.allocate(b)
     assert b.block_table[:2] == table and b.num_cached_tokens == 8
 
 
-@pytest.mark.exercise("05.1", "05.2", "05.3", "05.4", "05.5")
-def test_the_engine_runs_on_your_paged_cache(impl, tiny_checkpoint):
+@pytest.fixture(scope="module")
+def engine_reference(tiny_checkpoint):
     prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8, 40, 41], [9] * 5]
     model = build_model(tiny_checkpoint)
-    expected = [list(generate_naive(model, p, 12)) for p in prompts]
-    with use_impl(impl, "05"):
+    return prompts, [list(generate_naive(model, p, 12)) for p in prompts]
+
+
+@pytest.mark.parametrize("exercise", [pytest.param(e, marks=pytest.mark.exercise(e))
+                                      for e in ("05.1", "05.2", "05.3", "05.4", "05.5")])
+def test_the_engine_runs_on_your_code(impl, tiny_checkpoint, engine_reference, exercise):
+    prompts, expected = engine_reference
+    with use_impl(impl, exercise):
         llm = LLM(tiny_checkpoint, kvcache_block_size=4, num_kvcache_blocks=64)
         outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
     assert [o.token_ids for o in outputs] == expected

@@ -1,8 +1,8 @@
 """Chapter 06 exercises: top-k/top-p truncation (06.1), prefill selection (06.2), preemption (06.3) and
 postprocessing (06.4).
 
-The scheduler pieces are checked on hand-made queues (no model needed), then the engine runs with your
-scheduler on a batch of prompts under a tiny token budget and a tiny KV cache, so that chunked prefill and
+The scheduler pieces are checked on hand-made queues (no model needed; your method runs inside minillm's
+Scheduler, with the reference for the rest), then the engine runs with your code on a batch of prompts under a tiny token budget and a tiny KV cache, so that chunked prefill and
 preemption both happen: every request must still get exactly the tokens it gets alone.
 
     python -m minillm.course grade 06
@@ -14,6 +14,7 @@ from minillm import LLM, SamplingParams
 from minillm.config import Config
 from minillm.course import use_impl
 from minillm.engine.block_manager import BlockManager
+from minillm.engine.scheduler import Scheduler
 from minillm.engine.sequence import Sequence, SequenceStatus
 from minillm.models import build_model
 from minillm.naive import generate_naive
@@ -44,8 +45,8 @@ def test_top_k_top_p_masks_exactly_the_truncated_tokens(impl):
         assert torch.equal(out[row, sorted(kept)], logits[row, sorted(kept)]), "kept logits stay as they were"
 
 
-def scheduler(impl, num_blocks=16, block_size=4, **config):
-    return impl.Scheduler(Config(**config), BlockManager(num_blocks, block_size), eos_token_ids=[0])
+def scheduler(num_blocks=16, block_size=4, **config):
+    return Scheduler(Config(**config), BlockManager(num_blocks, block_size), eos_token_ids=[0])
 
 
 def step(s, token=7):
@@ -56,68 +57,79 @@ def step(s, token=7):
 
 @pytest.mark.exercise("06.2")
 def test_prefill_admits_under_the_sequence_budget(impl):
-    s = scheduler(impl, max_num_seqs=2)
-    for n in (10, 11, 12):
-        s.add(Sequence(list(range(1, n + 1))))
-    seqs, is_prefill = s.schedule()
-    assert is_prefill and [len(x) for x in seqs] == [10, 11] and len(s.waiting) == 1
-    assert all(x.status == SequenceStatus.RUNNING and x.block_table for x in seqs)
+    with use_impl(impl, "06.2"):
+        s = scheduler(max_num_seqs=2)
+        for n in (10, 11, 12):
+            s.add(Sequence(list(range(1, n + 1))))
+        seqs, is_prefill = s.schedule()
+        assert is_prefill and [len(x) for x in seqs] == [10, 11] and len(s.waiting) == 1
+        assert all(x.status == SequenceStatus.RUNNING and x.block_table for x in seqs)
 
 
 @pytest.mark.exercise("06.2")
 def test_prefill_chunks_a_prompt_longer_than_the_token_budget(impl):
-    s = scheduler(impl, max_num_batched_tokens=8)
-    seq = Sequence(list(range(1, 21)))
-    s.add(seq)
-    chunks = []
-    while not seq.completion_token_ids:
-        step(s)
-        chunks.append(seq.num_scheduled_tokens)
-    assert chunks == [8, 8, 4]
+    with use_impl(impl, "06.2"):
+        s = scheduler(max_num_batched_tokens=8)
+        seq = Sequence(list(range(1, 21)))
+        s.add(seq)
+        chunks = []
+        while not seq.completion_token_ids:
+            step(s)
+            chunks.append(seq.num_scheduled_tokens)
+        assert chunks == [8, 8, 4]
 
 
 @pytest.mark.exercise("06.2")
 def test_prefill_waits_when_the_cache_is_full(impl):
-    s = scheduler(impl, num_blocks=3, block_size=4)
-    first, second = Sequence(list(range(1, 9))), Sequence(list(range(20, 28)))
-    s.add(first), s.add(second)
-    seqs, _ = s.schedule()
-    assert seqs == [first] and s.waiting[0] is second and not second.block_table
+    with use_impl(impl, "06.2"):
+        s = scheduler(num_blocks=3, block_size=4)
+        first, second = Sequence(list(range(1, 9))), Sequence(list(range(20, 28)))
+        s.add(first), s.add(second)
+        seqs, _ = s.schedule()
+        assert seqs == [first] and s.waiting[0] is second and not second.block_table
 
 
 @pytest.mark.exercise("06.3")
 def test_preemption_frees_the_lowest_priority_sequence(impl):
-    s = scheduler(impl, num_blocks=3, block_size=2, scheduling_policy="priority")
-    low, high = Sequence([1, 2], priority=0), Sequence([3, 4], priority=5)
-    s.add(low), s.add(high)
-    step(s)
-    step(s)
-    assert low.status == SequenceStatus.WAITING and not low.block_table and s.waiting[0] is low
-    assert high.status == SequenceStatus.RUNNING and len(high.block_table) == 2
+    with use_impl(impl, "06.3"):
+        s = scheduler(num_blocks=3, block_size=2, scheduling_policy="priority")
+        low, high = Sequence([1, 2], priority=0), Sequence([3, 4], priority=5)
+        s.add(low), s.add(high)
+        step(s)
+        step(s)
+        assert low.status == SequenceStatus.WAITING and not low.block_table and s.waiting[0] is low
+        assert high.status == SequenceStatus.RUNNING and len(high.block_table) == 2
 
 
 @pytest.mark.exercise("06.4")
 def test_postprocess_appends_finishes_and_frees(impl):
-    s = scheduler(impl)
-    eos, capped, chunked = Sequence([1, 2]), Sequence([3], SamplingParams(max_tokens=1)), Sequence([5, 6, 7])
-    for seq in (eos, capped, chunked):
-        s.add(seq)
-    seqs, _ = s.schedule()
-    chunked.num_scheduled_tokens = 2  # pretend its prefill was cut short: no token is sampled for it
-    s.postprocess(seqs, [0, 9, None])
-    assert (eos.finish_reason, eos.completion_token_ids, eos.block_table) == ("stop", [0], [])
-    assert (capped.finish_reason, capped.completion_token_ids) == ("length", [9])
-    assert chunked.finish_reason is None and chunked.num_computed_tokens == 2 and len(chunked) == 3
-    assert list(s.running) == [chunked]
+    with use_impl(impl, "06.4"):
+        s = scheduler()
+        eos, capped, chunked = Sequence([1, 2]), Sequence([3], SamplingParams(max_tokens=1)), Sequence([5, 6, 7])
+        for seq in (eos, capped, chunked):
+            s.add(seq)
+        seqs, _ = s.schedule()
+        chunked.num_scheduled_tokens = 2  # pretend its prefill was cut short: no token is sampled for it
+        s.postprocess(seqs, [0, 9, None])
+        assert (eos.finish_reason, eos.completion_token_ids, eos.block_table) == ("stop", [0], [])
+        assert (capped.finish_reason, capped.completion_token_ids) == ("length", [9])
+        assert chunked.finish_reason is None and chunked.num_computed_tokens == 2 and len(chunked) == 3
+        assert list(s.running) == [chunked]
 
 
-@pytest.mark.exercise("06.1", "06.2", "06.3", "06.4")
-def test_the_engine_runs_on_your_scheduler(impl, tiny_checkpoint):
+@pytest.fixture(scope="module")
+def engine_reference(tiny_checkpoint):
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1, 256, (n,), generator=g).tolist() for n in (30, 5, 18, 11)]
     model = build_model(tiny_checkpoint)
-    expected = [list(generate_naive(model, p, 16)) for p in prompts]
-    with use_impl(impl, "06"):
+    return prompts, [list(generate_naive(model, p, 16)) for p in prompts]
+
+
+@pytest.mark.parametrize("exercise", [pytest.param(e, marks=pytest.mark.exercise(e))
+                                      for e in ("06.1", "06.2", "06.3", "06.4")])
+def test_the_engine_runs_on_your_code(impl, tiny_checkpoint, engine_reference, exercise):
+    prompts, expected = engine_reference
+    with use_impl(impl, exercise):
         llm = LLM(tiny_checkpoint, max_num_batched_tokens=16, kvcache_block_size=4, num_kvcache_blocks=14)
         outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)
     assert [o.token_ids for o in outputs] == expected

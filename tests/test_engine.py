@@ -93,11 +93,16 @@ def test_contiguous_cache_equals_naive(reference, name):
 
 def test_static_batching_equals_naive(reference):
     path, expected = reference("qwen3-gqa-tied")
-    runner = LLM(path).model_runner
+    llm = LLM(path, num_kvcache_blocks=64, kvcache_block_size=4)
     prompts = make_prompts()
     params = [SamplingParams(temperature=0, max_tokens=n) for n in (24, 3, 24, 10, 24, 1, 24, 24, 7, 24)]
-    seqs = generate_static(runner, prompts, params, batch_size=4)
+    before = llm.generate(prompts, GREEDY, use_tqdm=False)  # fills the prefix cache
+    seqs = generate_static(llm, prompts, params, batch_size=4)
     assert [s.completion_token_ids for s in seqs] == [e[:p.max_tokens] for e, p in zip(expected, params)]
+    assert all(s.arrival_time <= s.first_token_time <= s.finish_time for s in seqs)
+    assert llm.block_manager.num_free_blocks == 64
+    after = llm.generate(prompts, GREEDY, use_tqdm=False)  # the static run must not corrupt cached prefixes
+    assert [o.token_ids for o in after] == [o.token_ids for o in before] == expected
 
 
 @pytest.fixture(scope="module")

@@ -111,6 +111,14 @@ class BlockManager:
         seq.num_cached_tokens = seq.num_computed_tokens = 0
         # END EXERCISE
 
+    def reserve(self, seq: Sequence, num_tokens: int) -> None:
+        """Give seq fresh blocks for num_tokens tokens up front, with no prefix reuse: a request's worst case
+        reserved the way a contiguous cache does (the static-batching baseline)."""
+        if self.num_blocks(num_tokens) > self.num_free_blocks:
+            raise ValueError(f"reserving {num_tokens} tokens needs {self.num_blocks(num_tokens)} blocks, only "
+                             f"{self.num_free_blocks} are free: lower the batch size or max_tokens")
+        seq.block_table = [self._take_new().block_id for _ in range(self.num_blocks(num_tokens))]
+
     def can_append(self, seq: Sequence) -> bool:
         """Is there a block for seq's newest token, should it start a new block?"""
         return self.num_free_blocks >= (len(seq) > len(seq.block_table) * self.block_size)

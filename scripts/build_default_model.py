@@ -38,7 +38,7 @@ DEFAULT_OUT = Path(__file__).resolve().parents[1] / "minillm" / "assets" / "defa
 @dataclass
 class BuildConfig:
     seed: int = 0
-    n_stories: int = 50_000          # training stories (corpus seed TRAIN_SEED)
+    n_stories: int = 30_000          # training stories (corpus seed TRAIN_SEED)
     n_heldout: int = 500             # held-out stories for the held-out loss (seed HELDOUT_SEED)
     vocab_size: int = 4096           # an upper bound: BPE runs out of merges sooner on this corpus
     hidden_size: int = 256
@@ -49,7 +49,7 @@ class BuildConfig:
     intermediate_size: int = 768
     max_position_embeddings: int = 512
     batch_size: int = 32             # stories per step
-    steps: int = 1400
+    steps: int = 800
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
     warmup: int = 60

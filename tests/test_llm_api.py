@@ -90,3 +90,10 @@ def test_stream_yields_the_same_text_as_generate(llm):
         finished[piece.index] += piece.finished
     assert texts == [o.text for o in llm.generate(prompts, params, use_tqdm=False)]
     assert finished == [1, 1]
+
+
+def test_outputs_report_prefix_cache_hits(llm):
+    shared = list(range(30, 62))  # 8 full blocks of 4
+    first, second = llm.generate([shared + [1]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False), \
+        llm.generate([shared + [2]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    assert first[0].num_cached_tokens == 0 and second[0].num_cached_tokens == 32

@@ -76,6 +76,7 @@ class BlockManager:
         """Give seq blocks for all its tokens, reusing cached blocks of its longest cached prefix."""
         # BEGIN EXERCISE 05.4: allocate with prefix reuse — walk the full blocks, reuse hash hits (checking tokens), else take new
         assert not seq.block_table, "sequence already has blocks"
+        seq.num_cached_tokens = 0
         h, hit = -1, self.enable_prefix_caching
         for i in range(self.num_blocks(len(seq))):
             token_ids = self.block_tokens(seq, i)
@@ -108,7 +109,7 @@ class BlockManager:
                 self.used_block_ids.remove(block_id)
                 self.free_block_ids.append(block_id)
         seq.block_table.clear()
-        seq.num_cached_tokens = seq.num_computed_tokens = 0
+        seq.num_computed_tokens = 0
         # END EXERCISE
 
     def reserve(self, seq: Sequence, num_tokens: int) -> None:

@@ -17,12 +17,14 @@ from minillm.utils.loader import resolve_model_path
 
 @dataclass
 class RequestOutput:
-    """One finished request: its text and tokens, why it stopped, and when (time.perf_counter seconds)."""
+    """One finished request: its text and tokens, why it stopped, how many prompt tokens came from the
+    prefix cache, and when (time.perf_counter seconds)."""
 
     prompt_token_ids: list[int]
     token_ids: list[int]
     text: str
     finish_reason: str
+    num_cached_tokens: int
     arrival_time: float
     first_token_time: float
     finish_time: float
@@ -139,4 +141,4 @@ class LLMEngine:
                 bar.set_postfix(tok_s=f"{num_tokens / (time.perf_counter() - start):.0f}")
         return [RequestOutput(seq.token_ids[:seq.num_prompt_tokens], seq.completion_token_ids,
                               self.tokenizer.decode(seq.completion_token_ids), seq.finish_reason,
-                              seq.arrival_time, seq.first_token_time, seq.finish_time) for seq in seqs]
+                              seq.num_cached_tokens, seq.arrival_time, seq.first_token_time, seq.finish_time) for seq in seqs]

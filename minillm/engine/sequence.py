@@ -25,7 +25,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.token_ids = list(token_ids)
         self.num_prompt_tokens = len(token_ids)
-        self.num_cached_tokens = 0  # leading tokens found in the prefix cache
+        self.num_cached_tokens = 0  # leading tokens found in the prefix cache when its blocks were allocated
         self.num_computed_tokens = 0  # leading tokens whose keys/values are in the cache
         self.num_scheduled_tokens = 0  # tokens the current step computes
         self.block_table: list[int] = []

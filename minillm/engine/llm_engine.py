@@ -138,7 +138,7 @@ class LLMEngine:
                 start = time.perf_counter()
                 updated, num_tokens = self.step()
                 bar.update(sum(seq.is_finished for seq in updated))
-                bar.set_postfix(tok_s=f"{num_tokens / (time.perf_counter() - start):.0f}")
+                bar.set_postfix(tok_s=f"{num_tokens / (time.perf_counter() - start):.0f}", refresh=False)
         return [RequestOutput(seq.token_ids[:seq.num_prompt_tokens], seq.completion_token_ids,
                               self.tokenizer.decode(seq.completion_token_ids), seq.finish_reason,
                               seq.num_cached_tokens, seq.arrival_time, seq.first_token_time, seq.finish_time) for seq in seqs]

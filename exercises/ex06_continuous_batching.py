@@ -41,7 +41,11 @@ class Scheduler(minillm.engine.scheduler.Scheduler):
         # END EXERCISE
 
     def make_room(self, seq: Sequence) -> bool:
-        """Preempt sequences until seq's next token has a cache slot; False if seq itself had to go."""
+        """Preempt running sequences until seq's next token has a cache slot; False if seq itself had to go.
+
+        The victim is the running sequence that the waiting order puts last (`queue_key`): the latest arrival
+        under FCFS; the lowest priority, then the latest arrival, under the priority policy. It may be one
+        already scheduled in this step, or seq itself."""
         # BEGIN EXERCISE 06.3: preemption — free the least important running sequence until seq fits
         raise NotImplementedError(
             "Exercise 06.3 (preemption — free the least important running sequence until seq fits) is not done yet: "
@@ -59,4 +63,4 @@ class Scheduler(minillm.engine.scheduler.Scheduler):
         )
         # END EXERCISE
 
-# build checksum: 5d271287b5f2dc3c (lets `build` tell this untouched file from your edits)
+# build checksum: 30729c70b0873698 (lets `build` tell this untouched file from your edits)

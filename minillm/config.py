@@ -102,6 +102,8 @@ class Config:
     scheduling_policy: str = "fcfs"  # or "priority": higher priority first, FCFS among equals
     dtype: str = "float32"
     device: str = "cpu"
+    attention_backend: str = "auto"  # "torch" (the reference); chapter 09 adds "triton"
+    skip_tokenizer_init: bool = False  # run on token ids alone: no tokenizer.json needed, outputs have no text
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "kvcache_block_size", "kvcache_memory_bytes"):

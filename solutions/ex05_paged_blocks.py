@@ -27,13 +27,14 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """One new query per sequence, q [num_seqs, heads, head_dim], attending to its context in the paged cache."""
     # BEGIN EXERCISE 05.2: paged decode attention — gather each sequence's keys/values by its block table, mask past its length
-    max_len = int(context_lens.max())
-    k = gather_kv(k_cache, block_tables, max_len).transpose(1, 2)  # [seqs, kv_heads, max_len, head_dim]
-    v = gather_kv(v_cache, block_tables, max_len).transpose(1, 2)
+    k, v = gather_kv(k_cache, block_tables), gather_kv(v_cache, block_tables)  # [seqs, max_len, kv_heads, head_dim]
+    num_seqs, max_len, kv_heads, head_dim = k.shape
     valid = torch.arange(max_len, device=q.device) < context_lens[:, None]  # [seqs, max_len]
-    out = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=valid[:, None, None, :], scale=scale,
-                                         enable_gqa=True)
-    return out.squeeze(2)
+    # GQA: the query heads sharing a KV head become that head's few "query positions", so K/V are never repeated
+    q = q.view(num_seqs, kv_heads, -1, head_dim)
+    out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=valid[:, None, None, :],
+                                         scale=scale)
+    return out.reshape(num_seqs, -1, head_dim)
     # END EXERCISE
 
 

@@ -53,10 +53,14 @@ class Scheduler(minillm.engine.scheduler.Scheduler):
         # END EXERCISE
 
     def make_room(self, seq: Sequence) -> bool:
-        """Preempt sequences until seq's next token has a cache slot; False if seq itself had to go."""
+        """Preempt running sequences until seq's next token has a cache slot; False if seq itself had to go.
+
+        The victim is the running sequence that the waiting order puts last (`queue_key`): the latest arrival
+        under FCFS; the lowest priority, then the latest arrival, under the priority policy. It may be one
+        already scheduled in this step, or seq itself."""
         # BEGIN EXERCISE 06.3: preemption — free the least important running sequence until seq fits
         while not self.block_manager.can_append(seq):
-            victim = min([*self.running, seq], key=lambda s: (s.priority, -s.seq_id))  # lowest, then newest
+            victim = max(self.running, key=self.queue_key)
             self.preempt(victim)
             if victim is seq:
                 return False

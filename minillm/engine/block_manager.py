@@ -6,7 +6,7 @@ reuses them (reference counted) instead of recomputing them. A freed block keeps
 the free list, so a later identical prefix can revive it, until the block is taken for new tokens.
 """
 import hashlib
-from collections import deque
+from collections import OrderedDict
 
 import numpy as np
 
@@ -31,6 +31,33 @@ class Block:
         self.token_ids: list[int] = []
 
 
+class FreeBlockQueue:
+    """The free blocks, least recently freed first, with O(1) append, pop of the oldest and removal from the
+    middle (a cached block revived by a prefix hit leaves from wherever it is). vLLM keeps a linked list of
+    the same name; an OrderedDict is one."""
+
+    def __init__(self, block_ids):
+        self._ids = OrderedDict.fromkeys(block_ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __iter__(self):
+        return iter(self._ids)
+
+    def __contains__(self, block_id: int) -> bool:
+        return block_id in self._ids
+
+    def append(self, block_id: int) -> None:
+        self._ids[block_id] = None
+
+    def remove(self, block_id: int) -> None:
+        del self._ids[block_id]
+
+    def oldest(self) -> int:
+        return next(iter(self._ids))
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, hash_fn=None):
         self.block_size = block_size
@@ -38,7 +65,7 @@ class BlockManager:
         self.hash_fn = hash_fn or compute_block_hash  # tests may pass a colliding one
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.hash_to_block_id: dict[int, int] = {}
-        self.free_block_ids: deque[int] = deque(range(num_blocks))  # oldest freed first: evicted first
+        self.free_block_ids = FreeBlockQueue(range(num_blocks))  # oldest freed first: evicted first
         self.used_block_ids: set[int] = set()
 
     @property
@@ -55,11 +82,15 @@ class BlockManager:
 
     def _take_new(self) -> Block:
         """The least recently freed block, emptied: its old contents stop being findable by hash."""
-        block = self._take(self.free_block_ids[0])
+        block = self._take(self.free_block_ids.oldest())
+        self._forget(block)
+        return block
+
+    def _forget(self, block: Block) -> None:
+        """Make a block's old contents unfindable by hash."""
         if self.hash_to_block_id.get(block.hash) == block.block_id:
             del self.hash_to_block_id[block.hash]
         block.hash, block.token_ids = -1, []
-        return block
 
     def num_blocks(self, num_tokens: int) -> int:
         """Blocks needed to hold num_tokens tokens."""
@@ -132,16 +163,25 @@ class BlockManager:
     def cache_blocks(self, seq: Sequence, num_tokens: int) -> None:
         """Make seq's full blocks among its first num_tokens tokens findable by later prefixes.
 
-        Called with the tokens whose keys/values are computed by the end of the current step; a block is
-        never findable before its contents exist.
+        Called when a step that computes those tokens is scheduled: a sequence admitted in the same step may
+        share them, because every layer stores the step's keys/values before any attention reads them. If
+        the step fails, `uncache_blocks` takes them back. Incremental: it walks back from the last full block
+        to the newest block already hashed, so a decode step hashes at most the one block it fills.
         """
         if not self.enable_prefix_caching:
             return
-        h = -1
-        for i in range(num_tokens // self.block_size):
+        i = num_tokens // self.block_size  # blocks[:i] are full and computed
+        while i > 0 and self.blocks[seq.block_table[i - 1]].hash == -1:
+            i -= 1
+        h = self.blocks[seq.block_table[i - 1]].hash if i > 0 else -1
+        for i in range(i, num_tokens // self.block_size):
             block = self.blocks[seq.block_table[i]]
-            if block.hash == -1:
-                token_ids = self.block_tokens(seq, i)
-                block.hash, block.token_ids = self.hash_fn(token_ids, h), token_ids
-                self.hash_to_block_id.setdefault(block.hash, block.block_id)
+            token_ids = self.block_tokens(seq, i)
+            block.hash, block.token_ids = self.hash_fn(token_ids, h), token_ids
+            self.hash_to_block_id.setdefault(block.hash, block.block_id)
             h = block.hash
+
+    def uncache_blocks(self, seq: Sequence, num_tokens: int) -> None:
+        """Forget the hashes of seq's blocks past its first num_tokens tokens (a failed step did not fill them)."""
+        for block_id in seq.block_table[num_tokens // self.block_size:]:
+            self._forget(self.blocks[block_id])

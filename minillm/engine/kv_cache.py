@@ -1,4 +1,6 @@
 """Sizing and allocating the KV cache: one tensor for all layers, handed to each layer as a view."""
+from contextlib import contextmanager
+
 import torch
 
 from minillm.config import ModelConfig
@@ -24,8 +26,14 @@ def allocate_kv_cache(model: torch.nn.Module, num_blocks: int, block_size: int) 
     return cache
 
 
-def free_kv_cache(model: torch.nn.Module) -> None:
-    """Detach every layer from the cache so its memory can be released."""
-    for m in model.modules():
-        if isinstance(m, Attention):
-            m.k_cache = m.v_cache = torch.tensor([])
+@contextmanager
+def temporary_kv_cache(model: torch.nn.Module, num_blocks: int, block_size: int):
+    """A fresh cache on model's layers inside a `with`; on leaving, the layers get back the cache they had (an
+    engine's, or none), so borrowing an engine's model for a side computation disturbs nothing."""
+    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    saved = [(layer.k_cache, layer.v_cache) for layer in layers]
+    try:
+        yield allocate_kv_cache(model, num_blocks, block_size)
+    finally:
+        for layer, (k_cache, v_cache) in zip(layers, saved):
+            layer.k_cache, layer.v_cache = k_cache, v_cache

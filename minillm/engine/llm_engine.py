@@ -1,11 +1,13 @@
 """LLMEngine: add requests, step the scheduler and the model runner, hand back text as it is produced."""
+import json
 import time
+from pathlib import Path
 from dataclasses import dataclass, field, fields
 from typing import Iterator
 
 from tqdm.auto import tqdm
 
-from minillm.config import Config, default_model_path
+from minillm.config import Config, ModelConfig, default_model_path
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.model_runner import ModelRunner
 from minillm.engine.scheduler import Scheduler
@@ -48,23 +50,27 @@ class LLMEngine:
             raise TypeError(f"unknown engine option(s) {sorted(unknown)}; the options are {sorted(names)}")
         self.config = config = Config(model=model, **kwargs)
         path = resolve_model_path(model if model is not None else default_model_path())
-        self.tokenizer = Tokenizer(path)
-        self.model_runner = ModelRunner(config, path)
-        model_config = self.model_runner.model.config
+        model_config = ModelConfig.from_pretrained(path)
         max_len = model_config.max_position_embeddings
         if config.max_model_len is None:
             config.max_model_len = max_len
         elif config.max_model_len > max_len:
             raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
                              f"max_position_embeddings={max_len}; use max_model_len <= {max_len}.")
+        if not config.skip_tokenizer_init and not (path / "tokenizer.json").exists():
+            raise FileNotFoundError(f"{path} has no tokenizer.json: add the checkpoint's tokenizer files, or pass "
+                                    "skip_tokenizer_init=True to run on token ids alone (outputs then have no text)")
+        self.tokenizer = None if config.skip_tokenizer_init else Tokenizer(path)
+        self.model_runner = ModelRunner(config, path)
         self.vocab_size = model_config.vocab_size
         self.block_manager = BlockManager(self.model_runner.num_kvcache_blocks, config.kvcache_block_size,
                                           config.enable_prefix_caching)
-        eos = model_config.eos_token_id or [self.tokenizer.eos_token_id]
-        self.scheduler = Scheduler(config, self.block_manager, [t for t in eos if t is not None])
+        self.scheduler = Scheduler(config, self.block_manager, eos_token_ids(path, model_config, self.tokenizer))
 
     def add_request(self, prompt: str | list[int], sampling_params: SamplingParams, priority: int = 0) -> Sequence:
         """Tokenize and check a request, then queue it. Raises ValueError naming the problem and the fix."""
+        if isinstance(prompt, str) and self.tokenizer is None:
+            raise ValueError("this engine has no tokenizer (skip_tokenizer_init=True): give prompts as token id lists")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("the prompt is empty: give at least one token (a non-empty string or id list)")
@@ -85,14 +91,24 @@ class LLMEngine:
         self.scheduler.add(seq)
         return seq
 
+    def abort_request(self, seq: Sequence) -> None:
+        """Stop an unfinished request (as returned by add_request) and free its blocks."""
+        if not seq.is_finished:
+            self.scheduler.abort(seq)
+
     def step(self) -> tuple[list[Sequence], int]:
-        """Schedule and run one step. Returns the sequences that got a token, and the tokens computed."""
+        """Schedule and run one step. Returns the sequences that got a token, and the tokens computed.
+        A step that raises (an error, Ctrl-C) is rolled back: its sequences will be recomputed."""
         seqs, is_prefill = self.scheduler.schedule()
         if not seqs:
             raise RuntimeError("the scheduler found nothing to run although requests are waiting")
-        token_ids = self.model_runner.run(seqs, is_prefill)
-        now = time.perf_counter()
-        updated = self.scheduler.postprocess(seqs, token_ids)
+        try:
+            token_ids = self.model_runner.run(seqs, is_prefill)
+            now = time.perf_counter()
+            updated = self.scheduler.postprocess(seqs, token_ids)
+        except BaseException:
+            self.scheduler.rollback(seqs)
+            raise
         for seq in updated:
             seq.first_token_time = seq.first_token_time or now
             if seq.is_finished:
@@ -121,24 +137,48 @@ class LLMEngine:
         return seqs
 
     def stream(self, prompts, sampling_params=None, priorities=None) -> Iterator[StreamOutput]:
-        """Yield each request's text as it is produced (incrementally detokenized)."""
+        """Yield each request's text as it is produced (incrementally detokenized). Closing the stream early
+        (break, an exception, Ctrl-C) aborts its unfinished requests."""
         seqs = self._add_all(prompts, sampling_params, priorities)
         index = {seq.seq_id: i for i, seq in enumerate(seqs)}
-        detoks = {seq.seq_id: IncrementalDetokenizer(self.tokenizer, seq.token_ids) for seq in seqs}
-        while not self.is_finished():
-            for seq in self.step()[0]:
-                text = detoks[seq.seq_id].add(seq.last_token)
-                yield StreamOutput(index[seq.seq_id], text, seq.last_token, seq.is_finished)
+        detoks = {seq.seq_id: IncrementalDetokenizer(self.tokenizer, seq.token_ids) for seq in seqs
+                  if self.tokenizer is not None}
+        try:
+            while not self.is_finished():
+                for seq in self.step()[0]:
+                    text = detoks[seq.seq_id].add(seq.last_token) if detoks else ""
+                    yield StreamOutput(index[seq.seq_id], text, seq.last_token, seq.is_finished)
+        finally:
+            for seq in seqs:
+                self.abort_request(seq)
 
     def generate(self, prompts, sampling_params=None, priorities=None, use_tqdm: bool = True) -> list[RequestOutput]:
-        """Run prompts (strings or token-id lists) to completion; one output per prompt, in order."""
+        """Run prompts (strings or token-id lists) to completion; one output per prompt, in order. On an
+        exception or Ctrl-C its unfinished requests are aborted, so the engine stays usable."""
         seqs = self._add_all(prompts, sampling_params, priorities)
-        with tqdm(total=len(seqs), desc="Generating", disable=not use_tqdm, dynamic_ncols=True) as bar:
-            while not self.is_finished():
-                start = time.perf_counter()
-                updated, num_tokens = self.step()
-                bar.update(sum(seq.is_finished for seq in updated))
-                bar.set_postfix(tok_s=f"{num_tokens / (time.perf_counter() - start):.0f}", refresh=False)
+        try:
+            with tqdm(total=len(seqs), desc="Generating", disable=not use_tqdm, dynamic_ncols=True) as bar:
+                while not self.is_finished():
+                    start = time.perf_counter()
+                    updated, num_tokens = self.step()
+                    bar.update(sum(seq.is_finished for seq in updated))
+                    bar.set_postfix(tok_s=f"{num_tokens / (time.perf_counter() - start):.0f}", refresh=False)
+        finally:
+            for seq in seqs:
+                self.abort_request(seq)
+        decode = self.tokenizer.decode if self.tokenizer is not None else lambda ids: ""
         return [RequestOutput(seq.token_ids[:seq.num_prompt_tokens], seq.completion_token_ids,
-                              self.tokenizer.decode(seq.completion_token_ids), seq.finish_reason,
-                              seq.num_cached_tokens, seq.arrival_time, seq.first_token_time, seq.finish_time) for seq in seqs]
+                              decode(seq.completion_token_ids), seq.finish_reason, seq.num_prompt_cached_tokens,
+                              seq.arrival_time, seq.first_token_time, seq.finish_time) for seq in seqs]
+
+
+def eos_token_ids(path: Path, model_config: ModelConfig, tokenizer: Tokenizer | None) -> list[int]:
+    """The tokens that end a request: those of config.json, generation_config.json and the tokenizer."""
+    ids = set(model_config.eos_token_id)
+    gen_file = path / "generation_config.json"
+    if gen_file.exists():
+        eos = json.loads(gen_file.read_text()).get("eos_token_id")
+        ids |= {eos} if isinstance(eos, int) else set(eos or ())
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)

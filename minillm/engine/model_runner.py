@@ -1,13 +1,19 @@
-"""ModelRunner: owns the model and the KV cache; turns a batch of sequences into flat tensors, runs, samples."""
+"""ModelRunner: owns the model and the KV cache; turns a batch of sequences into flat tensors, runs, samples.
+
+Three steps, as in nano-vllm: `prepare_prefill` / `prepare_decode` write the batch into preallocated input
+buffers and set the step context; `run_model` is the forward pass (the one place that will choose between
+eager, compiled and graph replay); the `Sampler` picks the tokens.
+"""
 import torch
 
 from minillm.config import Config
 from minillm.engine.kv_cache import allocate_kv_cache, kv_cache_bytes_per_token
 from minillm.engine.sequence import Sequence
+from minillm.layers.attention import Attention, select_attention_backend
 from minillm.layers.paged_attention import slot_mapping_for
-from minillm.layers.sampler import sample
+from minillm.layers.sampler import Sampler, SamplingMetadata
 from minillm.models import build_model
-from minillm.utils.context import Context, reset_context, set_context
+from minillm.utils.context import Context, get_context, reset_context, set_context
 
 
 class ModelRunner:
@@ -15,12 +21,30 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.model = build_model(model_path, getattr(torch, config.dtype), config.device)
         self.block_size = config.kvcache_block_size
+        self.attn_backend = select_attention_backend(config.attention_backend, self.device)
+        for layer in self.model.modules():
+            if isinstance(layer, Attention):
+                layer.backend = self.attn_backend
+        self.allocate_input_buffers(config)
         bytes_per_block = kv_cache_bytes_per_token(self.model.config, getattr(torch, config.dtype)) * self.block_size
         self.num_kvcache_blocks = config.num_kvcache_blocks or self.kv_cache_budget(config) // bytes_per_block
         if self.num_kvcache_blocks < 1:
             raise ValueError(f"no memory is left for the KV cache (one block needs {bytes_per_block} bytes): "
                              "raise kvcache_memory_bytes / gpu_memory_utilization or use a smaller model")
         self.kv_cache = allocate_kv_cache(self.model, self.num_kvcache_blocks, self.block_size)
+        self.sampler = Sampler()
+
+    def allocate_input_buffers(self, config: Config) -> None:
+        """Input tensors at their largest (a step's tokens, its sequences, a sequence's blocks), allocated once;
+        each step fills their first rows, so a captured graph (chapter 07) can read them at fixed addresses."""
+        seqs = config.max_num_seqs
+        tokens = max(config.max_num_batched_tokens, seqs)  # a decode step has one token per sequence
+        max_blocks = -(-config.max_model_len // self.block_size)
+        buf = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=self.device)
+        self.input_ids, self.positions, self.slot_mapping = buf(tokens), buf(tokens), buf(tokens)
+        self.context_lens, self.cu_seqlens_q, self.cu_seqlens_k = buf(seqs), buf(seqs + 1), buf(seqs + 1)
+        self.block_tables_buf = buf(seqs, max_blocks)
+        self.logits_indices = buf(seqs)
 
     def kv_cache_budget(self, config: Config) -> int:
         """Bytes for the KV cache. CPU: kvcache_memory_bytes. CUDA: gpu_memory_utilization of the device, less
@@ -38,11 +62,10 @@ class ModelRunner:
     @torch.inference_mode()
     def warmup(self, config: Config) -> None:
         """One prefill of max_num_batched_tokens tokens (as sequences of max_model_len), with no cache yet."""
-        max_len = min(config.max_model_len or 1 << 30, self.model.config.max_position_embeddings,
-                      config.max_num_batched_tokens)
+        max_len = min(config.max_model_len, config.max_num_batched_tokens)
         n = max(1, min(config.max_num_batched_tokens // max_len, config.max_num_seqs))
-        cu = torch.arange(0, n * max_len + 1, max_len, device=self.device)
-        set_context(Context(is_prefill=True, cu_seqlens_q=cu, cu_seqlens_k=cu,
+        cu = list(range(0, n * max_len + 1, max_len))
+        set_context(Context(is_prefill=True, cu_seqlens_q_cpu=cu, cu_seqlens_k_cpu=cu,
                             slot_mapping=torch.full((n * max_len,), -1, device=self.device)))
         try:
             self.model(torch.zeros(n * max_len, dtype=torch.long, device=self.device),
@@ -51,61 +74,75 @@ class ModelRunner:
             reset_context()
         torch.cuda.empty_cache()
 
-    def tensor(self, data, dtype=torch.long) -> torch.Tensor:
-        return torch.tensor(data, dtype=dtype, device=self.device)
+    def fill(self, buffer: torch.Tensor, values: list) -> torch.Tensor:
+        """Copy host values into the first rows of an input buffer; returns that slice."""
+        out = buffer[:len(values)]
+        out.copy_(torch.tensor(values, dtype=buffer.dtype), non_blocking=True)
+        return out
 
     def block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
         """[num_seqs, max_blocks] block ids, padded with -1."""
         width = max(len(seq.block_table) for seq in seqs)
-        return self.tensor([seq.block_table + [-1] * (width - len(seq.block_table)) for seq in seqs])
+        out = self.block_tables_buf[:len(seqs), :width]
+        out.copy_(torch.tensor([seq.block_table + [-1] * (width - len(seq.block_table)) for seq in seqs]))
+        return out
 
     def prepare_prefill(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
         """Pack each sequence's scheduled tokens end to end; set cu_seqlens, slot_mapping (and block_tables
         when some keys come from the cache)."""
-        input_ids, positions, slot_mapping, cu_q, cu_k = [], [], [], [0], [0]
+        input_ids, positions, slot_mapping, cu_q, cu_k, logits_indices = [], [], [], [0], [0], []
         for seq in seqs:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_scheduled_tokens
             input_ids += seq.token_ids[start:end]
             positions += range(start, end)
             cu_q.append(cu_q[-1] + end - start)
             cu_k.append(cu_k[-1] + end)
+            if seq.samples_this_step:
+                logits_indices.append(cu_q[-1] - 1)
             slots = slot_mapping_for(seq.block_table, start, end, self.block_size)
             # a fully cached prompt recomputes its last token; its K/V are in a shared block already
             slot_mapping += [-1 if pos < seq.num_cached_tokens else s for pos, s in zip(range(start, end), slots)]
         block_tables = self.block_tables(seqs) if cu_k[-1] > cu_q[-1] else None
-        set_context(Context(is_prefill=True, cu_seqlens_q=self.tensor(cu_q), cu_seqlens_k=self.tensor(cu_k),
-                            slot_mapping=self.tensor(slot_mapping), block_tables=block_tables))
-        return self.tensor(input_ids), self.tensor(positions)
+        set_context(Context(is_prefill=True, cu_seqlens_q=self.fill(self.cu_seqlens_q, cu_q),
+                            cu_seqlens_k=self.fill(self.cu_seqlens_k, cu_k),
+                            slot_mapping=self.fill(self.slot_mapping, slot_mapping), block_tables=block_tables,
+                            cu_seqlens_q_cpu=cu_q, cu_seqlens_k_cpu=cu_k,
+                            logits_indices=self.fill(self.logits_indices, logits_indices)))
+        return self.fill(self.input_ids, input_ids), self.fill(self.positions, positions)
 
     def prepare_decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per sequence, its newest, at position len - 1."""
         slot_mapping = [slot_mapping_for(seq.block_table, len(seq) - 1, len(seq), self.block_size)[0] for seq in seqs]
-        set_context(Context(slot_mapping=self.tensor(slot_mapping), block_tables=self.block_tables(seqs),
-                            context_lens=self.tensor([len(seq) for seq in seqs])))
-        return self.tensor([seq.last_token for seq in seqs]), self.tensor([len(seq) - 1 for seq in seqs])
+        set_context(Context(slot_mapping=self.fill(self.slot_mapping, slot_mapping),
+                            block_tables=self.block_tables(seqs),
+                            context_lens=self.fill(self.context_lens, [len(seq) for seq in seqs])))
+        return (self.fill(self.input_ids, [seq.last_token for seq in seqs]),
+                self.fill(self.positions, [len(seq) - 1 for seq in seqs]))
 
-    def prepare_sample(self, seqs: list[Sequence]):
-        """Per-row sampling parameters: temperatures, top_k, top_p and each request's generator."""
-        sp = [seq.sampling_params for seq in seqs]
+    def prepare_sample(self, seqs: list[Sequence]) -> SamplingMetadata:
+        """Per-row sampling settings of the sequences that get a token this step."""
         for seq in seqs:  # a seeded request's own random stream, on the device that samples
             if seq.generator is None and seq.sampling_params.seed is not None:
                 seq.generator = torch.Generator(self.device).manual_seed(seq.sampling_params.seed)
-        return (self.tensor([p.temperature for p in sp], torch.float), self.tensor([p.top_k for p in sp]),
-                self.tensor([p.top_p for p in sp], torch.float), [seq.generator for seq in seqs])
+        return SamplingMetadata.build([seq.sampling_params for seq in seqs], [seq.generator for seq in seqs],
+                                      self.device)
 
     @torch.inference_mode()
+    def run_model(self, input_ids: torch.Tensor, positions: torch.Tensor, is_prefill: bool) -> torch.Tensor:
+        """The forward pass on prepared inputs: logits of the rows that sample (in a prefill, the last new token
+        of each sequence that reaches its end; in a decode, every row)."""
+        hidden = self.model(input_ids, positions)
+        if is_prefill:
+            hidden = hidden[get_context().logits_indices]
+        return self.model.compute_logits(hidden)
+
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int | None]:
-        """One forward step; a token for each sequence that reached its end, None for a prefill chunk."""
+        """One step; a token for each sequence that reached its end, None for a prefill chunk that did not."""
         input_ids, positions = (self.prepare_prefill if is_prefill else self.prepare_decode)(seqs)
         try:
-            hidden = self.model(input_ids, positions)
+            logits = self.run_model(input_ids, positions, is_prefill)
         finally:
             reset_context()
-        rows = [i for i, seq in enumerate(seqs) if seq.samples_this_step]
-        out = [None] * len(seqs)
-        if rows:
-            last = self.tensor([seq.num_scheduled_tokens for seq in seqs]).cumsum(0) - 1  # each one's last token
-            logits = self.model.compute_logits(hidden[last[rows]])
-            for i, token in zip(rows, sample(logits, *self.prepare_sample([seqs[i] for i in rows])).tolist()):
-                out[i] = token
-        return out
+        sampled = [seq for seq in seqs if seq.samples_this_step]
+        tokens = iter(self.sampler(logits, self.prepare_sample(sampled)).tolist() if sampled else [])
+        return [next(tokens) if seq.samples_this_step else None for seq in seqs]

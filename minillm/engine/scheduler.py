@@ -4,7 +4,8 @@ Prefill first: waiting sequences are admitted while the batch has room (max_num_
 max_num_batched_tokens tokens) and the KV cache has blocks; a prompt longer than the token budget is
 prefilled in chunks over several steps. With nothing to prefill, every running sequence decodes one token.
 When the cache runs out during decode, a sequence is preempted: its blocks are freed and it waits to be
-recomputed (its prefix blocks often survive in the prefix cache).
+recomputed (its prefix blocks often survive in the prefix cache). A step that fails is rolled back: the
+blocks it was to fill stop being findable by hash, and its sequences are preempted.
 """
 from bisect import bisect_right
 from collections import deque
@@ -48,10 +49,26 @@ class Scheduler:
 
     def schedule(self) -> tuple[list[Sequence], bool]:
         """The sequences of the next step, each with num_scheduled_tokens set, and whether it is a prefill."""
+        if self.policy == "priority":
+            self.preempt_for_priority()
         scheduled = self.schedule_prefill()
         if scheduled:
+            for seq in scheduled:  # what the output reports: the prompt's cache hits at its first admission
+                if seq.num_prompt_cached_tokens is None:
+                    seq.num_prompt_cached_tokens = seq.num_cached_tokens
             return scheduled, True
         return self.schedule_decode(), False
+
+    def preempt_for_priority(self) -> None:
+        """Under the priority policy, a waiting request that cannot be admitted (no seat or no blocks) preempts
+        running requests of lower priority, lowest first, until it can."""
+        while self.waiting and self.running:
+            head, victim = self.waiting[0], max(self.running, key=self.queue_key)
+            has_room = len(self.running) < self.max_num_seqs and (
+                head.block_table or self.block_manager.can_allocate(head))
+            if has_room or victim.priority >= head.priority:
+                return
+            self.preempt(victim)
 
     def schedule_prefill(self) -> list[Sequence]:
         # BEGIN EXERCISE 06.2: prefill selection — admit waiting sequences under the sequence, token and block budgets
@@ -76,22 +93,25 @@ class Scheduler:
         # END EXERCISE
 
     def schedule_decode(self) -> list[Sequence]:
+        """One token for each running sequence (up to max_num_seqs), preempting when the cache is full."""
         scheduled = []
-        while self.running and len(scheduled) < self.max_num_seqs:
-            seq = self.running.popleft()
-            if self.make_room(seq):
+        for seq in list(self.running)[:self.max_num_seqs]:
+            if seq.status == SequenceStatus.RUNNING and self.make_room(seq):
                 self.block_manager.may_append(seq)
                 seq.num_scheduled_tokens = 1
                 self.block_manager.cache_blocks(seq, len(seq))
                 scheduled.append(seq)
-        self.running.extendleft(reversed(scheduled))
-        return scheduled
+        return [seq for seq in scheduled if seq.status == SequenceStatus.RUNNING]  # a victim may be among them
 
     def make_room(self, seq: Sequence) -> bool:
-        """Preempt sequences until seq's next token has a cache slot; False if seq itself had to go."""
+        """Preempt running sequences until seq's next token has a cache slot; False if seq itself had to go.
+
+        The victim is the running sequence that the waiting order puts last (`queue_key`): the latest arrival
+        under FCFS; the lowest priority, then the latest arrival, under the priority policy. It may be one
+        already scheduled in this step, or seq itself."""
         # BEGIN EXERCISE 06.3: preemption — free the least important running sequence until seq fits
         while not self.block_manager.can_append(seq):
-            victim = min([*self.running, seq], key=lambda s: (s.priority, -s.seq_id))  # lowest, then newest
+            victim = max(self.running, key=self.queue_key)
             self.preempt(victim)
             if victim is seq:
                 return False
@@ -100,11 +120,25 @@ class Scheduler:
 
     def preempt(self, seq: Sequence) -> None:
         """Free seq's blocks and queue it to be recomputed from its tokens so far."""
-        if seq in self.running:
-            self.running.remove(seq)
         self.block_manager.deallocate(seq)
+        (self.running if seq.status == SequenceStatus.RUNNING else self.waiting).remove(seq)
         seq.status = SequenceStatus.WAITING
         self.add(seq)
+
+    def abort(self, seq: Sequence) -> None:
+        """Drop an unfinished request: out of its queue, its blocks freed."""
+        self.block_manager.deallocate(seq)
+        (self.running if seq.status == SequenceStatus.RUNNING else self.waiting).remove(seq)
+        seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
+
+    def rollback(self, seqs: list[Sequence]) -> None:
+        """Undo a step that failed. Scheduling made the blocks it was to fill findable by hash (so that requests
+        admitted together share a prefix: every layer stores a step's keys before any attends); they are
+        forgotten, as their contents may never have been written, and the step's sequences are preempted."""
+        for seq in seqs:
+            if not seq.is_finished:
+                self.block_manager.uncache_blocks(seq, seq.num_computed_tokens)
+                self.preempt(seq)
 
     def postprocess(self, seqs: list[Sequence], token_ids: list[int | None]) -> list[Sequence]:
         """Record the step: advance computed tokens, append sampled tokens, finish and free. Returns the

@@ -26,13 +26,14 @@ class Sequence:
         self.token_ids = list(token_ids)
         self.num_prompt_tokens = len(token_ids)
         self.num_cached_tokens = 0  # leading tokens found in the prefix cache when its blocks were allocated
+        self.num_prompt_cached_tokens: int | None = None  # the same at its first admission (what outputs report)
         self.num_computed_tokens = 0  # leading tokens whose keys/values are in the cache
         self.num_scheduled_tokens = 0  # tokens the current step computes
         self.block_table: list[int] = []
         self.sampling_params = sampling_params
         self.priority = priority
         self.generator: torch.Generator | None = None  # made from sampling_params.seed when first sampled
-        self.finish_reason: str | None = None  # "stop" (EOS or a stop token) or "length" (max_tokens)
+        self.finish_reason: str | None = None  # "stop" (EOS or a stop token), "length" (max_tokens) or "abort"
         self.arrival_time, self.first_token_time, self.finish_time = time.perf_counter(), None, None
 
     def __len__(self) -> int:

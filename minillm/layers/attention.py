@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 from minillm.layers.paged_attention import gather_context, paged_decode_attention, prefill_attention, store_kvcache
-from minillm.utils.context import get_context
+from minillm.utils.context import Context, get_context
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -23,29 +23,59 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     # END EXERCISE
 
 
+class TorchAttentionBackend:
+    """Attention over the paged cache in plain torch ops, on any device: the reference every other backend
+    (chapter 09's Triton kernels) is checked against."""
+
+    name = "torch"
+
+    def store_kvcache(self, k, v, k_cache, v_cache, ctx: Context) -> None:
+        store_kvcache(k, v, k_cache, v_cache, ctx.slot_mapping)
+
+    def prefill(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+        if ctx.block_tables is not None:  # some keys were computed in earlier steps: read them all from the cache
+            k = gather_context(k_cache, ctx.block_tables, ctx.cu_seqlens_k_cpu)
+            v = gather_context(v_cache, ctx.block_tables, ctx.cu_seqlens_k_cpu)
+        return prefill_attention(q, k, v, ctx.cu_seqlens_q_cpu, ctx.cu_seqlens_k_cpu, scale)
+
+    def decode(self, q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+        return paged_decode_attention(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale)
+
+
+ATTENTION_BACKENDS = {"torch": TorchAttentionBackend}
+
+
+def select_attention_backend(name: str = "auto", device: torch.device | str = "cpu"):
+    """The one place an attention backend is chosen: "auto" takes the fastest one for the device
+    (today the torch reference everywhere), or name one of ATTENTION_BACKENDS."""
+    if name == "auto":
+        name = "torch"
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention_backend {name!r}: choose 'auto' or one of {sorted(ATTENTION_BACKENDS)}")
+    return ATTENTION_BACKENDS[name]()
+
+
 class Attention(nn.Module):
     """The attention step of a layer, given already-projected and rotated q, k, v.
 
     With no step context (chapter 03) it attends over the given tokens as one sequence. With a context and a
     KV cache (chapters 04+), it first stores the new keys/values in their cache slots, then runs prefill
-    attention over packed sequences, or decode attention of one query per sequence over the paged cache.
+    attention over packed sequences, or decode attention of one query per sequence over the paged cache,
+    with the backend the model runner chose.
     """
 
     def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int):
         super().__init__()
         self.num_heads, self.head_dim, self.scale, self.num_kv_heads = num_heads, head_dim, scale, num_kv_heads
         self.k_cache = self.v_cache = torch.tensor([])  # views into the engine's cache, set by the runner
+        self.backend = TorchAttentionBackend()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = get_context()
         if ctx is None:
             return causal_attention(q, k, v, self.scale)
         if self.k_cache.numel():
-            store_kvcache(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
-        if not ctx.is_prefill:
-            return paged_decode_attention(q, self.k_cache, self.v_cache, ctx.block_tables, ctx.context_lens,
-                                          self.scale)
-        cu_q, cu_k = ctx.cu_seqlens_q.tolist(), ctx.cu_seqlens_k.tolist()
-        if ctx.block_tables is not None:  # some keys were computed in earlier steps: read them all from the cache
-            k, v = gather_context(self.k_cache, ctx.block_tables, cu_k), gather_context(self.v_cache, ctx.block_tables, cu_k)
-        return prefill_attention(q, k, v, cu_q, cu_k, self.scale)
+            self.backend.store_kvcache(k, v, self.k_cache, self.v_cache, ctx)
+        if ctx.is_prefill:
+            return self.backend.prefill(q, k, v, self.k_cache, self.v_cache, ctx, self.scale)
+        return self.backend.decode(q, self.k_cache, self.v_cache, ctx, self.scale)

@@ -29,16 +29,22 @@ def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cac
     # END EXERCISE
 
 
-def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> torch.Tensor:
-    """The first `length` cached tokens of each sequence: [num_seqs, length, kv_heads, head_dim]."""
-    blocks = cache[block_tables.clamp(min=0)]  # [num_seqs, max_blocks, block_size, kv_heads, head_dim]
-    return blocks.flatten(1, 2)[:, :length]
+def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    """Each sequence's blocks in table order, as positions: [num_seqs, max_blocks * block_size, kv_heads, head_dim].
+
+    `index_select(0, ids)` is `cache[ids]` along the first dimension, done as one copy (far faster on a CPU
+    than fancy indexing). The -1 entries that pad short tables read block 0: a mask must hide those
+    positions, as it hides the unwritten slots at the end of each sequence's last block.
+    """
+    num_seqs, width = block_tables.shape
+    blocks = cache.flatten(1).index_select(0, block_tables.clamp(min=0).flatten())
+    return blocks.view(num_seqs, width * cache.shape[1], *cache.shape[2:])
 
 
 def gather_context(cache: torch.Tensor, block_tables: torch.Tensor, cu_seqlens_k: list[int]) -> torch.Tensor:
     """Every sequence's whole context from the cache, packed end to end like cu_seqlens_k describes."""
-    lens = [e - s for s, e in zip(cu_seqlens_k[:-1], cu_seqlens_k[1:])]
-    return torch.cat([gather_kv(cache, block_tables[i:i + 1], n)[0] for i, n in enumerate(lens)])
+    return torch.cat([gather_kv(cache, block_tables[i:i + 1])[0, :e - s]
+                      for i, (s, e) in enumerate(zip(cu_seqlens_k[:-1], cu_seqlens_k[1:]))])
 
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: list[int],
@@ -52,10 +58,11 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     out = torch.empty_like(q)
     for i in range(len(cu_seqlens_q) - 1):
         qs, qe, ks, ke = cu_seqlens_q[i], cu_seqlens_q[i + 1], cu_seqlens_k[i], cu_seqlens_k[i + 1]
-        mask = torch.ones(qe - qs, ke - ks, dtype=torch.bool, device=q.device).tril(ke - ks - (qe - qs))
+        nq, nk = qe - qs, ke - ks  # with no earlier keys, the plain causal mask (is_causal) needs no tensor
+        mask = None if nq == nk else torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(nk - nq)
         out[qs:qe] = F.scaled_dot_product_attention(
             q[qs:qe].transpose(0, 1), k[ks:ke].transpose(0, 1), v[ks:ke].transpose(0, 1),
-            attn_mask=mask, scale=scale, enable_gqa=True,
+            attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True,
         ).transpose(0, 1)
     return out
 
@@ -64,11 +71,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """One new query per sequence, q [num_seqs, heads, head_dim], attending to its context in the paged cache."""
     # BEGIN EXERCISE 05.2: paged decode attention — gather each sequence's keys/values by its block table, mask past its length
-    max_len = int(context_lens.max())
-    k = gather_kv(k_cache, block_tables, max_len).transpose(1, 2)  # [seqs, kv_heads, max_len, head_dim]
-    v = gather_kv(v_cache, block_tables, max_len).transpose(1, 2)
+    k, v = gather_kv(k_cache, block_tables), gather_kv(v_cache, block_tables)  # [seqs, max_len, kv_heads, head_dim]
+    num_seqs, max_len, kv_heads, head_dim = k.shape
     valid = torch.arange(max_len, device=q.device) < context_lens[:, None]  # [seqs, max_len]
-    out = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=valid[:, None, None, :], scale=scale,
-                                         enable_gqa=True)
-    return out.squeeze(2)
+    # GQA: the query heads sharing a KV head become that head's few "query positions", so K/V are never repeated
+    q = q.view(num_seqs, kv_heads, -1, head_dim)
+    out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=valid[:, None, None, :],
+                                         scale=scale)
+    return out.reshape(num_seqs, -1, head_dim)
     # END EXERCISE

@@ -1,5 +1,10 @@
 """Turning next-token logits into tokens, one row per sequence, each row with its own sampling parameters."""
+from dataclasses import dataclass, field
+
 import torch
+from torch import nn
+
+from minillm.sampling_params import SamplingParams
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -16,16 +21,54 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     # END EXERCISE
 
 
-def sample(logits: torch.Tensor, temperatures: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-           generators: list[torch.Generator | None]) -> torch.Tensor:
+@dataclass
+class SamplingMetadata:
+    """One step's sampling settings, a row per sequence, made on the host once so that the sampler can skip
+    what no row asks for without asking the device: an all-greedy batch is one argmax."""
+
+    temperatures: torch.Tensor  # [B]; 0 = greedy
+    all_greedy: bool
+    truncated_rows: torch.Tensor | None = None  # rows with top_k > 0 or top_p < 1; None if there are none
+    top_k: torch.Tensor | None = None  # [len(truncated_rows)]
+    top_p: torch.Tensor | None = None
+    generators: dict[int, torch.Generator] = field(default_factory=dict)  # row -> a seeded request's generator
+
+    @classmethod
+    def build(cls, params: list[SamplingParams], generators: list[torch.Generator | None],
+              device: torch.device | str = "cpu") -> "SamplingMetadata":
+        rows = [i for i, p in enumerate(params) if p.temperature > 0 and (p.top_k > 0 or p.top_p < 1)]
+        tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=device)
+        return cls(
+            temperatures=tensor([p.temperature for p in params], torch.float),
+            all_greedy=all(p.temperature == 0 for p in params),
+            truncated_rows=tensor(rows, torch.long) if rows else None,
+            top_k=tensor([params[i].top_k for i in rows], torch.long) if rows else None,
+            top_p=tensor([params[i].top_p for i in rows], torch.float) if rows else None,
+            generators={i: g for i, g in enumerate(generators) if g is not None and params[i].temperature > 0},
+        )
+
+
+def sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     """Pick one token per row of logits [B, V]: argmax where temperature is 0, otherwise a draw from the
     tempered, truncated distribution. The draw is argmax(p / E) with E ~ Exponential(1) noise, which picks
-    token i with probability p_i; each row takes its noise from its own generator (seeded requests) or the
-    global one, so a seeded request draws the same tokens whatever else is in the batch."""
-    logits = logits.float()
+    token i with probability p_i. Unseeded rows share one batched draw; a seeded row redraws its noise from
+    its own generator, so it gets the same tokens whatever else is in the batch."""
     greedy = logits.argmax(dim=-1)
-    t = torch.where(temperatures > 0, temperatures, 1.0)[:, None]
-    probs = apply_top_k_top_p(logits / t, top_k, top_p).softmax(dim=-1)
-    noise = torch.stack([torch.empty_like(row).exponential_(generator=g) for row, g in zip(probs, generators)])
-    drawn = (probs / noise).argmax(dim=-1)
-    return torch.where(temperatures > 0, drawn, greedy)
+    if md.all_greedy:
+        return greedy
+    logits = logits.float() / torch.where(md.temperatures > 0, md.temperatures, 1.0)[:, None]
+    if md.truncated_rows is not None:
+        logits[md.truncated_rows] = apply_top_k_top_p(logits[md.truncated_rows], md.top_k, md.top_p)
+    probs = logits.softmax(dim=-1)
+    noise = torch.empty_like(probs).exponential_()
+    for row, generator in md.generators.items():
+        noise[row].exponential_(generator=generator)
+    drawn = probs.div_(noise.clamp_min_(1e-10)).argmax(dim=-1)  # a zero draw would divide to inf or NaN
+    return torch.where(md.temperatures > 0, drawn, greedy)
+
+
+class Sampler(nn.Module):
+    """The sampling step of the model runner (a module, so a compiler can take it whole in chapter 08)."""
+
+    def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        return sample(logits, md)

@@ -14,6 +14,12 @@ def build_model(model: str | Path, dtype: torch.dtype = torch.float32, device: s
     """Read config.json, build the matching decoder and load its safetensors weights, ready for inference."""
     path = resolve_model_path(model)
     config = ModelConfig.from_pretrained(path)
-    net = MODEL_REGISTRY[config.architecture](config)
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # parameters are created in their final dtype, on their final device
+    try:
+        with torch.device(device):
+            net = MODEL_REGISTRY[config.architecture](config)
+    finally:
+        torch.set_default_dtype(default_dtype)
     load_model(net, path)
-    return net.to(device=device, dtype=dtype).eval()
+    return net.eval()

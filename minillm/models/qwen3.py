@@ -15,14 +15,14 @@ from minillm.layers.rotary import RotaryEmbedding
 
 
 class Qwen3Attention(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, rotary_emb: RotaryEmbedding):
         super().__init__()
         c = config
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self.qkv_proj = QKVParallelLinear(c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads,
                                           bias=c.qkv_bias)
         self.o_proj = RowParallelLinear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=c.o_bias)
-        self.rotary_emb = RotaryEmbedding(c.head_dim, c.max_position_embeddings, c.rope_theta, c.rope_scaling)
+        self.rotary_emb = rotary_emb  # one cos/sin table, shared by every layer
         self.attn = Attention(c.num_attention_heads, c.head_dim, c.head_dim**-0.5, c.num_key_value_heads)
         if c.qk_norm:  # Qwen3 normalises each query and key head before the rotation
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
@@ -58,9 +58,9 @@ class Qwen3MLP(nn.Module):
 class Qwen3DecoderLayer(nn.Module):
     """Pre-norm block: x + attn(norm(x)), then + mlp(norm(.)); the residual add is fused into the norms."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, rotary_emb: RotaryEmbedding):
         super().__init__()
-        self.self_attn = Qwen3Attention(config)
+        self.self_attn = Qwen3Attention(config, rotary_emb)
         self.mlp = Qwen3MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -79,7 +79,9 @@ class Qwen3Model(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        c = config
+        rotary_emb = RotaryEmbedding(c.head_dim, c.max_position_embeddings, c.rope_theta, c.rope_scaling)
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(c, rotary_emb) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

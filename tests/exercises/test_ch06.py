@@ -128,9 +128,13 @@ def engine_reference(tiny_checkpoint):
 @pytest.mark.parametrize("exercise", [pytest.param(e, marks=pytest.mark.exercise(e))
                                       for e in ("06.1", "06.2", "06.3", "06.4")])
 def test_the_engine_runs_on_your_code(impl, tiny_checkpoint, engine_reference, exercise):
+    """Top-k 1 or a tiny top-p keeps only the most likely token, so sampling with them must give the greedy
+    tokens (a greedy batch never truncates, so this is how the engine gets to run your 06.1)."""
     prompts, expected = engine_reference
+    truncating = [SamplingParams(temperature=1.0, top_k=1, max_tokens=16),
+                  SamplingParams(temperature=0.7, top_p=1e-6, max_tokens=16)]
     with use_impl(impl, exercise):
         llm = LLM(tiny_checkpoint, max_num_batched_tokens=16, kvcache_block_size=4, num_kvcache_blocks=14)
-        outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)
+        outputs = llm.generate(prompts, [truncating[i % 2] for i in range(len(prompts))], use_tqdm=False)
     assert [o.token_ids for o in outputs] == expected
     assert llm.is_finished() and llm.block_manager.num_free_blocks == 14

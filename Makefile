@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lab notebooks exercises clean
+.PHONY: setup demo test bench lab notebooks exercises clean
 
 setup: $(STAMP)
 
@@ -23,6 +23,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# e.g. make bench BENCH_ARGS="--workload mixed --num-prompts 128"
+bench: $(STAMP)
+	$(PY) -m minillm.bench $(BENCH_ARGS)
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/

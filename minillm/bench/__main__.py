@@ -1,0 +1,3 @@
+from minillm.bench.cli import main
+
+main()

@@ -1,0 +1,99 @@
+"""The minillm backends: the engine's continuous batching, and static batching on the same engine.
+
+A backend takes the models, the workload and a short warm-up workload; it runs the warm-up (first calls
+pay for allocations and lazy initialisation), then times the workload and returns a Run.
+"""
+import time
+from dataclasses import dataclass, field
+from functools import cached_property, partial
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from minillm import LLM, SamplingParams
+from minillm.bench.breakdown import StepBreakdown, find, wrapped
+from minillm.bench.workloads import Workload
+from minillm.config import Config
+from minillm.naive import generate_static
+
+
+@dataclass
+class Run:
+    """One backend's timed run: its wall time, each request's generated tokens, (arrival, first token,
+    finish) per request where the backend records them, and facts about the run for the record."""
+
+    elapsed: float
+    token_ids: list[list[int]]
+    times: list[tuple[float, float, float]] | None = None
+    info: dict = field(default_factory=dict)
+
+
+class Models:
+    """The backends' models, each loaded on first use: one minillm engine (continuous and static batching
+    share its model and KV cache) and one transformers model (both transformers backends)."""
+
+    def __init__(self, path: Path, engine_options: dict):
+        self.path, self.engine_options = path, engine_options
+
+    def engine_option(self, name: str):
+        """An engine setting as the engine will have it: given, or Config's default."""
+        return self.engine_options.get(name, getattr(Config, name))
+
+    @cached_property
+    def engine(self) -> LLM:
+        return LLM(self.path, **self.engine_options)
+
+    @cached_property
+    def hf_model(self):
+        from minillm.bench.hf import load_model
+
+        return load_model(self.path)
+
+
+def progress(total: int, desc: str, unit: str) -> tqdm:
+    """A progress bar on a terminal (none when output is redirected), gone when done."""
+    return tqdm(total=total, desc=desc, unit=unit, leave=False, dynamic_ncols=True, disable=None)
+
+
+def counting(fn, bar: tqdm):
+    """fn, ticking bar once per call."""
+    def wrapper(*args, **kwargs):
+        bar.update(1)
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+def greedy(output_lens: list[int]) -> list[SamplingParams]:
+    return [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in output_lens]
+
+
+def run_minillm(models: Models, workload: Workload, warmup: Workload, args) -> Run:
+    """Continuous batching: all requests in one generate call. The step breakdown is taken in this run."""
+    llm = models.engine
+    llm.generate(warmup.prompts, greedy(warmup.output_lens), use_tqdm=False)
+    with progress(len(workload), "minillm", "req") as bar:
+        breakdown = StepBreakdown(llm, on_step=lambda seqs: bar.update(sum(seq.is_finished for seq in seqs)))
+        with breakdown:
+            start = time.perf_counter()
+            outputs = llm.generate(workload.prompts, greedy(workload.output_lens), use_tqdm=False)
+            elapsed = time.perf_counter() - start
+    return Run(elapsed, [out.token_ids for out in outputs],
+               [(out.arrival_time, out.first_token_time, out.finish_time) for out in outputs],
+               {"breakdown": breakdown.summary()})
+
+
+def run_static(models: Models, workload: Workload, warmup: Workload, args) -> Run:
+    """Static batching (minillm.naive.generate_static) on the engine's model and cache: batches of
+    --static-batch-size requests in order, each running until its longest request is done."""
+    llm = models.engine
+    batch_size = args.static_batch_size or models.engine_option("max_num_seqs")
+    generate_static(llm, warmup.prompts, greedy(warmup.output_lens), batch_size)
+    num_steps = sum(max(workload.output_lens[i:i + batch_size]) for i in range(0, len(workload), batch_size))
+    with progress(num_steps, "minillm-static", "step") as bar, \
+            wrapped(*find(llm, "model_runner.run_model"), partial(counting, bar=bar)):
+        start = time.perf_counter()
+        seqs = generate_static(llm, workload.prompts, greedy(workload.output_lens), batch_size)
+        elapsed = time.perf_counter() - start
+    return Run(elapsed, [seq.completion_token_ids for seq in seqs],
+               [(seq.arrival_time, seq.first_token_time, seq.finish_time) for seq in seqs],
+               {"batch_size": batch_size})

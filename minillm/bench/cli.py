@@ -1,0 +1,194 @@
+"""python -m minillm.bench: every backend on the same prompts and model, side by side in one process.
+
+    python -m minillm.bench --workload mixed --num-prompts 128
+    python -m minillm.bench --random-size 100m --num-prompts 64 --backends minillm,hf-generate
+"""
+import argparse
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from minillm.bench import workloads
+from minillm.bench.backends import Models, run_minillm, run_static
+from minillm.bench.hf import AUTO_BATCH_SIZES, run_hf_generate, run_hf_generate_batch
+from minillm.bench.metrics import latency, throughput
+from minillm.bench.models import RANDOM_SIZES, checkpoint, num_parameters, read_config, special_token_ids
+from minillm.bench.report import (breakdown_table, git_state, machine, plot, results_table, versions,
+                                  write_json)
+from minillm.bench.workloads import Workload
+from minillm.config import Config, ModelConfig
+from minillm.engine.kv_cache import kv_cache_bytes_per_token
+
+# name -> run(models, workload, warmup, args) -> Run; they run in this order, minillm first
+BACKENDS = {
+    "minillm": run_minillm,
+    "minillm-static": run_static,
+    "hf-generate": run_hf_generate,
+    "hf-generate-batch": run_hf_generate_batch,
+}
+WARMUP_PROMPTS, WARMUP_OUTPUT_LEN = 4, 16
+
+
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def length_range(text: str) -> tuple[int, int]:
+    lo, sep, hi = text.partition(":")
+    if not (sep and lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi)):
+        raise argparse.ArgumentTypeError(f"expected MIN:MAX with 1 <= MIN <= MAX, got {text!r}")
+    return int(lo), int(hi)
+
+
+def backend_list(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in BACKENDS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown backend(s) {', '.join(unknown) or repr(text)}; "
+                                         f"choose from {', '.join(BACKENDS)}")
+    return names
+
+
+def hf_batch_size(text: str) -> str | int:
+    return text if text == "auto" else positive_int(text)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m minillm.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    n, lengths = dict(type=positive_int, metavar="N"), dict(type=length_range, metavar="MIN:MAX")
+    p.add_argument("--backends", type=backend_list, metavar="LIST", default=list(BACKENDS),
+                   help=f"comma-separated, from {', '.join(BACKENDS)} (default: all)")
+    w = p.add_argument_group("workload (random token ids, ignore_eos: every request generates exactly its length)")
+    w.add_argument("--workload", choices=["fixed", "mixed", "shared-prefix"], default="fixed")
+    w.add_argument("--num-prompts", **n, default=64)
+    w.add_argument("--input-len", **n, default=128, help="fixed: prompt tokens")
+    w.add_argument("--output-len", **n, default=64, help="fixed, shared-prefix: output tokens")
+    w.add_argument("--input-range", **lengths, default=(16, 256), help="mixed: prompt tokens (default 16:256)")
+    w.add_argument("--output-range", **lengths, default=(16, 256), help="mixed: output tokens (default 16:256)")
+    w.add_argument("--prefix-len", **n, default=256, help="shared-prefix: common preamble tokens")
+    w.add_argument("--suffix-len", **n, default=16, help="shared-prefix: each request's own tokens")
+    w.add_argument("--seed", type=int, default=0, help="seeds the prompts and a random model's weights")
+    m = p.add_argument_group("model (default: the embedded default model)").add_mutually_exclusive_group()
+    m.add_argument("--model", metavar="DIR", help="a Hugging Face checkpoint directory")
+    m.add_argument("--random-size", choices=list(RANDOM_SIZES), help="a random-weight Qwen3, made for this run")
+    e = p.add_argument_group("backends (engine options default to minillm's Config)")
+    e.add_argument("--max-num-seqs", **n)
+    e.add_argument("--max-num-batched-tokens", **n)
+    e.add_argument("--kvcache-block-size", **n)
+    e.add_argument("--static-batch-size", **n, help="minillm-static (default: max_num_seqs)")
+    e.add_argument("--hf-batch-size", type=hf_batch_size, metavar="N|auto", default="auto",
+                   help=f"hf-generate: N, or auto = the fastest of {', '.join(map(str, AUTO_BATCH_SIZES))} "
+                        "(capped at the number of prompts)")
+    e.add_argument("--threads", **n, help="torch.set_num_threads for all backends (default: torch's)")
+    o = p.add_argument_group("output")
+    o.add_argument("--output-json", type=Path, metavar="PATH",
+                   help="default: results/bench/<workload>-<model>-<timestamp>.json")
+    o.add_argument("--plot", type=Path, metavar="PATH", help="a PNG bar chart of output tokens/s per backend")
+    return p.parse_args(argv)
+
+
+def make_workload(args, pool: list[int], seed: int, num_prompts: int) -> Workload:
+    if args.workload == "fixed":
+        return workloads.fixed(num_prompts, args.input_len, args.output_len, pool, seed)
+    if args.workload == "mixed":
+        return workloads.mixed(num_prompts, args.input_range, args.output_range, pool, seed)
+    return workloads.shared_prefix(num_prompts, args.prefix_len, args.suffix_len, args.output_len, pool, seed)
+
+
+def engine_options(args, path: Path, workload: Workload) -> dict:
+    """LLM(...) options: the flags given; a KV cache with room for a full batch of the longest request, so that
+    minillm never preempts and static batching can reserve its batches up front; token ids alone when the
+    checkpoint has no tokenizer (a random model)."""
+    options = {name: getattr(args, name) for name in ("max_num_seqs", "max_num_batched_tokens", "kvcache_block_size")
+               if getattr(args, name) is not None}
+    block_size = options.get("kvcache_block_size", Config.kvcache_block_size)
+    batch = max(options.get("max_num_seqs", Config.max_num_seqs), args.static_batch_size or 0)
+    need = batch * math.ceil(workload.max_len / block_size) * block_size * kv_cache_bytes_per_token(
+        ModelConfig.from_pretrained(path), getattr(torch, Config.dtype))
+    options["kvcache_memory_bytes"] = max(Config.kvcache_memory_bytes, need)
+    if not (path / "tokenizer.json").is_file():
+        options["skip_tokenizer_init"] = True
+    return options
+
+
+def check_token_counts(backend: str, token_ids: list[list[int]], output_lens: list[int]) -> None:
+    for i, (tokens, n) in enumerate(zip(token_ids, output_lens, strict=True)):
+        if len(tokens) != n:
+            raise RuntimeError(f"{backend} generated {len(tokens)} tokens for request {i}, which asked for {n}: "
+                               "its throughput would be miscounted")
+
+
+def summarize(runs: dict, workload: Workload) -> tuple[dict, dict]:
+    """Per backend: throughput, latency where recorded, the share of requests whose tokens equal minillm's (a
+    greedy check), and the run's facts. And minillm's output tokens/s over each peer's."""
+    results = {}
+    for name, run in runs.items():
+        results[name] = throughput(workload, run.elapsed)
+        if run.times:
+            results[name] |= latency(run.times, workload.output_lens)
+        if "minillm" in runs and name != "minillm":
+            same = sum(a == b for a, b in zip(run.token_ids, runs["minillm"].token_ids))
+            results[name]["same_tokens_as_minillm"] = same / len(workload)
+        results[name] |= {k: v for k, v in run.info.items() if k != "breakdown"}
+    if "minillm" not in results:
+        return results, {}
+    ours = results["minillm"]["output_tokens_per_second"]
+    return results, {name: ours / r["output_tokens_per_second"] for name, r in results.items() if name != "minillm"}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark; print the tables, write the JSON record (and the plot); return the record."""
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with checkpoint(args.model, args.random_size, args.seed) as (path, model_name):
+        config = read_config(path)
+        pool = workloads.token_pool(config["vocab_size"], special_token_ids(path))
+        workload = make_workload(args, pool, args.seed, args.num_prompts)
+        warmup = make_workload(args, pool, args.seed + 1, WARMUP_PROMPTS)  # other prompts: no prefix-cache hits
+        warmup.output_lens = [min(n, WARMUP_OUTPUT_LEN) for n in warmup.output_lens]
+        max_len = config.get("max_position_embeddings", 2048)
+        if workload.max_len > max_len:
+            raise SystemExit(f"error: a request of {workload.max_len} tokens (prompt + output) does not fit the "
+                             f"model's {max_len} positions: shorten the workload's lengths")
+        model = dict(name=model_name, path=None if args.random_size else str(path), random_size=args.random_size,
+                     num_parameters=num_parameters(path), vocab_size=config["vocab_size"],
+                     max_position_embeddings=max_len)
+        print(f"model {model_name} ({model['num_parameters'] / 1e6:.1f}M parameters), {args.workload} workload: "
+              f"{len(workload)} requests, {workload.num_input_tokens} prompt and {workload.num_output_tokens} "
+              f"output tokens; {torch.get_num_threads()} torch threads")
+        models = Models(path, engine_options(args, path, workload))
+        runs = {}
+        for name in (b for b in BACKENDS if b in args.backends):
+            runs[name] = BACKENDS[name](models, workload, warmup, args)
+            check_token_counts(name, runs[name].token_ids, workload.output_lens)
+            print(f"{name}: {workload.num_output_tokens / runs[name].elapsed:.1f} output tokens/s")
+
+    results, speedup = summarize(runs, workload)
+    breakdown = runs["minillm"].info["breakdown"] if "minillm" in runs else None
+    print("\n" + results_table(results, speedup))
+    if len(results.get("hf-generate", {}).get("tried", [])) > 1:
+        print("hf-generate batch sizes: " + ", ".join(f"{t['batch_size']}: {t['output_tokens_per_second']:.1f} tok/s"
+                                                      for t in results["hf-generate"]["tried"]))
+    if breakdown:
+        print("\nminillm step breakdown (share of step time)\n" + breakdown_table(breakdown))
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    record = dict(created=stamp, machine=machine(Config.device), versions=versions(), **git_state(),
+                  config=vars(args) | {"engine_options": models.engine_options}, model=model,
+                  workload=dict(name=args.workload, num_requests=len(workload),
+                                num_input_tokens=workload.num_input_tokens,
+                                num_output_tokens=workload.num_output_tokens),
+                  results=results, minillm_speedup=speedup, breakdown=breakdown)
+    json_path = args.output_json or Path("results/bench") / f"{args.workload}-{model_name}-{stamp}.json"
+    write_json(record, json_path)
+    print(f"\nrecord: {json_path}")
+    if args.plot:
+        plot(results, speedup, f"{args.workload} workload, {len(workload)} requests, model {model_name}", args.plot)
+        print(f"plot: {args.plot}")
+    return record

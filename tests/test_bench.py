@@ -1,0 +1,230 @@
+"""minillm.bench: its workloads, metrics, step breakdown, peers' token counts, CLI and JSON record (never speed)."""
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from checkpoints import make_checkpoint
+
+from minillm import default_model_path
+from minillm.bench import main, workloads
+from minillm.bench.backends import Models, run_minillm, run_static
+from minillm.bench.breakdown import PARTS, StepBreakdown
+from minillm.bench.cli import BACKENDS, check_token_counts, parse_args
+from minillm.bench.hf import batch_sizes, generate_padded, run_hf_generate_batch
+from minillm.bench.metrics import latency
+from minillm.bench.models import RANDOM_SIZES, num_parameters, save_random_qwen3, special_token_ids
+from minillm.bench.workloads import Workload
+
+POOL = workloads.token_pool(1000, {0, 1, 2})
+
+
+def test_token_pool_leaves_out_special_ids():
+    assert special_token_ids(default_model_path()) == {0, 1, 2}
+    assert POOL == list(range(3, 1000))
+
+
+def test_fixed_workload():
+    w = workloads.fixed(5, 7, 3, POOL, seed=0)
+    assert [len(p) for p in w.prompts] == [7] * 5 and w.output_lens == [3] * 5
+    assert (w.num_input_tokens, w.num_output_tokens, w.max_len) == (35, 15, 10)
+
+
+def test_mixed_workload_lengths_in_range_ids_in_pool_and_seeded():
+    w = workloads.mixed(200, (16, 40), (1, 9), POOL, seed=3)
+    assert {len(p) for p in w.prompts} == set(range(16, 41))  # both ends reached, nothing outside
+    assert set(w.output_lens) == set(range(1, 10))
+    assert {t for p in w.prompts for t in p} <= set(POOL)
+    assert w == workloads.mixed(200, (16, 40), (1, 9), POOL, seed=3)
+    assert w != workloads.mixed(200, (16, 40), (1, 9), POOL, seed=4)
+
+
+def test_shared_prefix_workload_shares_its_preamble_only():
+    w = workloads.shared_prefix(6, 32, 5, 4, POOL, seed=0)
+    assert all(len(p) == 37 for p in w.prompts) and w.output_lens == [4] * 6
+    assert len({tuple(p[:32]) for p in w.prompts}) == 1
+    assert len({tuple(p[32:]) for p in w.prompts}) == 6
+    assert w.prompts[0][:32] != workloads.shared_prefix(6, 32, 5, 4, POOL, seed=1).prompts[0][:32]
+
+
+def test_latency_from_timestamps():
+    # request 0: arrives at 0, first token at 0.1 s, 5 tokens by 0.5 s; request 1: a single token
+    stats = latency([(0.0, 0.1, 0.5), (0.0, 0.3, 0.3)], [5, 1])
+    assert stats["mean_ttft_ms"] == pytest.approx(200) and stats["median_ttft_ms"] == pytest.approx(200)
+    assert stats["mean_tpot_ms"] == pytest.approx(100) and stats["p99_tpot_ms"] == pytest.approx(100)
+    assert latency([(0.0, 0.1, 0.1)], [1])["mean_tpot_ms"] is None
+
+
+class FakeSampler(torch.nn.Module):
+    def forward(self, logits):
+        return logits
+
+
+class FakeRunner:
+    def __init__(self):
+        self.sampler = FakeSampler()
+
+    def prepare_prefill(self, seqs):
+        return seqs
+
+    def prepare_decode(self, seqs):
+        return seqs
+
+    def run_model(self, input_ids, positions, is_prefill):
+        return sum(range(10_000))
+
+    def prepare_sample(self, seqs):
+        return seqs
+
+
+class FakeScheduler:
+    def __init__(self):
+        self.num_steps = 0
+
+    def schedule(self):
+        self.num_steps += 1
+        return ["a", "b", "c"][:self.num_steps], self.num_steps == 1
+
+    def postprocess(self, seqs, token_ids):
+        return seqs
+
+
+class FakeEngine:
+    """An engine's step, made of the methods the breakdown times."""
+
+    def __init__(self):
+        self.scheduler, self.model_runner = FakeScheduler(), FakeRunner()
+
+    def step(self):
+        seqs, is_prefill = self.scheduler.schedule()
+        runner = self.model_runner
+        (runner.prepare_prefill if is_prefill else runner.prepare_decode)(seqs)
+        logits = runner.run_model(None, None, is_prefill)
+        runner.sampler(runner.prepare_sample(logits))
+        return self.scheduler.postprocess(seqs, [])
+
+
+def test_step_breakdown_times_parts_apart_for_prefill_and_decode_and_restores_the_engine():
+    engine, seen = FakeEngine(), []
+    with StepBreakdown(engine, on_step=seen.append) as breakdown:
+        for _ in range(4):
+            engine.step()
+    summary = breakdown.summary()
+    assert [summary["prefill"]["num_steps"], summary["decode"]["num_steps"]] == [1, 3]
+    assert summary["decode"]["mean_batch_size"] == pytest.approx((2 + 3 + 3) / 3)
+    for kind in summary.values():
+        assert list(kind["share"]) == [*PARTS, "other"]
+        assert sum(kind["share"].values()) == pytest.approx(1)
+        assert kind["share"]["forward"] > 0 and all(0 <= s <= 1 for s in kind["share"].values())
+    assert seen == [["a"], ["a", "b"], ["a", "b", "c"], ["a", "b", "c"]]
+    # the wrappers were instance attributes, gone again: the classes' methods show through
+    assert "schedule" not in vars(engine.scheduler) and "run_model" not in vars(engine.model_runner)
+    assert "forward" not in vars(engine.model_runner.sampler) and "step" not in vars(engine)
+
+
+def test_step_breakdown_names_a_missing_engine_method():
+    engine = FakeEngine()
+    engine.model_runner.run_model = None
+    with pytest.raises(RuntimeError, match=r"engine\.model_runner\.run_model\(\)"):
+        StepBreakdown(engine)
+
+
+@pytest.fixture(scope="module")
+def eos_checkpoint(tmp_path_factory):
+    """A random checkpoint whose EOS is the first token it generates greedily: a peer that stops at EOS would
+    produce one token."""
+    path = tmp_path_factory.mktemp("eos")
+    model = make_checkpoint("qwen3-gqa-tied", path)
+    first = model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=1, do_sample=False)[0, -1].item()
+    for name in ("config.json", "generation_config.json"):
+        if not (path / name).is_file():
+            continue
+        cfg = json.loads((path / name).read_text())
+        (path / name).write_text(json.dumps(cfg | {"eos_token_id": first}))
+    return path
+
+
+def test_every_backend_generates_the_same_greedy_tokens_past_eos(eos_checkpoint):
+    workload, warmup = Workload([[5, 6, 7], [9, 8, 7, 6, 5, 4], [3] * 10], [6, 1, 11]), Workload([[1, 2]], [2])
+    models = Models(eos_checkpoint, {})
+    padded = generate_padded(models.hf_model, workload, batch_size=2)
+    assert [len(t) for t in padded] == workload.output_lens
+    assert padded[0][0] == json.loads((eos_checkpoint / "config.json").read_text())["eos_token_id"]
+    alone = [generate_padded(models.hf_model, Workload([p], [n]), 1)[0]
+             for p, n in zip(workload.prompts, workload.output_lens)]
+    assert padded == alone  # padding changes nothing: greedy, masked
+    runs = [run_hf_generate_batch(models, workload, warmup, args=None), run_minillm(models, workload, warmup, None),
+            run_static(models, workload, warmup, SimpleNamespace(static_batch_size=2))]
+    for run in runs:
+        assert run.token_ids == alone
+        assert all(arrival <= first <= finish for arrival, first, finish in run.times)
+    assert runs[1].info["breakdown"]["decode"]["num_steps"] == 10  # the longest request's 11 tokens - 1
+    engine = models.engine  # the breakdown's and the static run's wrappers are gone
+    assert "step" not in vars(engine) and "schedule" not in vars(engine.scheduler)
+    assert "run_model" not in vars(engine.model_runner) and "forward" not in vars(engine.model_runner.sampler)
+
+
+def test_token_count_check_names_the_backend_and_request():
+    check_token_counts("x", [[1, 2], [3]], [2, 1])
+    with pytest.raises(RuntimeError, match="hf-generate generated 1 tokens for request 1, which asked for 2"):
+        check_token_counts("hf-generate", [[1, 2], [3]], [2, 2])
+
+
+def test_auto_batch_sizes_are_capped_at_the_number_of_prompts():
+    assert batch_sizes("auto", 20) == [8, 16, 20]
+    assert batch_sizes("auto", 500) == [8, 16, 32, 64, 128]
+    assert batch_sizes(5, 20) == [5]
+
+
+def test_random_model_sizes(tmp_path):
+    save_random_qwen3("tiny", tmp_path)
+    assert 0.8e6 < num_parameters(tmp_path) < 1.2e6
+    assert set(RANDOM_SIZES) == {"tiny", "25m", "100m"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--backends", "minillm,vllm"], "unknown backend(s) vllm; choose from minillm, minillm-static, hf-generate, "
+                                     "hf-generate-batch"),
+    (["--input-range", "256:16"], "expected MIN:MAX with 1 <= MIN <= MAX, got '256:16'"),
+    (["--num-prompts", "0"], "expected a positive integer, got '0'"),
+    (["--hf-batch-size", "big"], "expected a positive integer, got 'big'"),
+    (["--model", "x", "--random-size", "tiny"], "not allowed with argument --model"),
+    (["--random-size", "1b"], "invalid choice: '1b'"),
+])
+def test_cli_argument_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_cli_rejects_a_workload_longer_than_the_model(tmp_path):
+    with pytest.raises(SystemExit, match="1000 tokens .* does not fit the model's 512 positions"):
+        main(["--input-len", "900", "--output-len", "100", "--output-json", str(tmp_path / "r.json")])
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        main(["--model", str(tmp_path), "--output-json", str(tmp_path / "r.json")])
+
+
+def test_end_to_end_record(tmp_path):
+    """All four backends on a random tiny model, mixed lengths (some of one token): the JSON record."""
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    returned = main(["--random-size", "tiny", "--num-prompts", "4", "--workload", "mixed", "--input-range", "3:20",
+                     "--output-range", "1:9", "--hf-batch-size", "auto", "--output-json", str(out), "--plot", str(png)])
+    record = json.loads(out.read_text())
+    assert record == json.loads(json.dumps(returned, default=str))
+    assert set(record) >= {"machine", "versions", "git_commit", "config", "model", "workload", "results",
+                           "minillm_speedup", "breakdown"}
+    assert set(record["machine"]) == {"cpu", "num_cores", "torch_threads", "device"}
+    assert set(record["versions"]) == {"python", "torch", "transformers", "minillm"}
+    assert set(vars(parse_args([]))) <= set(record["config"])
+    assert record["model"]["name"] == "random-tiny" and record["model"]["path"] is None
+    assert list(record["results"]) == list(BACKENDS)
+    expected = record["workload"]["num_output_tokens"]
+    for name, result in record["results"].items():
+        assert result["num_output_tokens"] == expected and result["output_tokens_per_second"] > 0
+        assert (name == "minillm") != ("same_tokens_as_minillm" in result)
+        assert ("mean_ttft_ms" in result) == (name != "hf-generate")
+    assert record["results"]["hf-generate"]["batch_size"] == 4  # auto capped at 4 prompts
+    assert set(record["minillm_speedup"]) == set(BACKENDS) - {"minillm"}
+    assert set(record["breakdown"]) == {"prefill", "decode"}
+    assert sum(record["breakdown"]["decode"]["share"].values()) == pytest.approx(1)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

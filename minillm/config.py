@@ -91,7 +91,7 @@ class Config:
     kvcache_memory_bytes."""
 
     model: str | Path | None = None  # checkpoint directory or hub id; None = the embedded default model
-    max_num_seqs: int = 64  # sequences in one batch
+    max_num_seqs: int = 256  # sequences in one batch (vLLM's default)
     max_num_batched_tokens: int = 4096  # tokens in one step; a longer prompt is prefilled in chunks
     max_model_len: int | None = None  # prompt + generated tokens; default: the model's max_position_embeddings
     kvcache_block_size: int = 16

@@ -113,9 +113,10 @@ class ModelRunner:
     def prepare_decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per sequence, its newest, at position len - 1."""
         slot_mapping = [slot_mapping_for(seq.block_table, len(seq) - 1, len(seq), self.block_size)[0] for seq in seqs]
+        context_lens = [len(seq) for seq in seqs]
         set_context(Context(slot_mapping=self.fill(self.slot_mapping, slot_mapping),
                             block_tables=self.block_tables(seqs),
-                            context_lens=self.fill(self.context_lens, [len(seq) for seq in seqs])))
+                            context_lens=self.fill(self.context_lens, context_lens), context_lens_cpu=context_lens))
         return (self.fill(self.input_ids, [seq.last_token for seq in seqs]),
                 self.fill(self.positions, [len(seq) - 1 for seq in seqs]))
 
@@ -137,12 +138,14 @@ class ModelRunner:
         return self.model.compute_logits(hidden)
 
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int | None]:
-        """One step; a token for each sequence that reached its end, None for a prefill chunk that did not."""
-        input_ids, positions = (self.prepare_prefill if is_prefill else self.prepare_decode)(seqs)
+        """One step; a token for each sequence that reached its end, None for a prefill chunk that did not.
+        A decode batch runs ordered by length (similar contexts side by side, see TorchAttentionBackend)."""
+        batch = seqs if is_prefill else sorted(seqs, key=len)
+        input_ids, positions = (self.prepare_prefill if is_prefill else self.prepare_decode)(batch)
         try:
             logits = self.run_model(input_ids, positions, is_prefill)
         finally:
             reset_context()
-        sampled = [seq for seq in seqs if seq.samples_this_step]
-        tokens = iter(self.sampler(logits, self.prepare_sample(sampled)).tolist() if sampled else [])
-        return [next(tokens) if seq.samples_this_step else None for seq in seqs]
+        sampled = [seq for seq in batch if seq.samples_this_step]
+        tokens = dict(zip(sampled, self.sampler(logits, self.prepare_sample(sampled)).tolist() if sampled else []))
+        return [tokens.get(seq) for seq in seqs]

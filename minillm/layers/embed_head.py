@@ -1,8 +1,10 @@
 """Token embedding and the LM head that turns the last hidden state into next-token logits."""
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from minillm.layers.linear import copy_checked
+from minillm.utils.parallel import all_reduce, divide, get_tp_rank, get_tp_size
 
 
 def embed(input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -20,22 +22,39 @@ def lm_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 class VocabParallelEmbedding(nn.Module):
-    """The embedding table, [vocab_size, hidden_size] (split by vocabulary across ranks in chapter 10)."""
+    """The embedding table, [vocab_size, hidden_size], split by vocabulary across tensor-parallel ranks: each
+    rank looks up the ids in its range, zeros the rest, and an all-reduce adds the ranks' rows together."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim))
+        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
+        self.num_embeddings_per_rank = divide(num_embeddings, self.tp_size, "vocabulary size")
+        self.vocab_start = self.tp_rank * self.num_embeddings_per_rank
+        self.weight = nn.Parameter(torch.empty(self.num_embeddings_per_rank, embedding_dim))
         self.weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None):
-        copy_checked(param.data, loaded_weight, "embedding")
+        if len(loaded_weight) != self.num_embeddings_per_rank * self.tp_size:
+            raise ValueError(f"embedding: checkpoint tensor has shape {tuple(loaded_weight.shape)}, expected "
+                             f"{(self.num_embeddings_per_rank * self.tp_size, *param.shape[1:])}")
+        copy_checked(param.data, loaded_weight.narrow(0, self.vocab_start, len(param)), "embedding")
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return embed(input_ids, self.weight)
+        if self.tp_size == 1:
+            return embed(input_ids, self.weight)
+        local = input_ids - self.vocab_start
+        mine = (local >= 0) & (local < self.num_embeddings_per_rank)
+        return all_reduce(embed(local.clamp(0, self.num_embeddings_per_rank - 1), self.weight) * mine[..., None])
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    """The output projection; with tied embeddings it shares the embedding table's weight."""
+    """The output projection; with tied embeddings it shares the embedding table's weight. Each rank scores its
+    slice of the vocabulary; rank 0 gathers the full logits (the other ranks return None)."""
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return lm_logits(hidden, self.weight)
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        logits = lm_logits(hidden, self.weight)
+        if self.tp_size == 1:
+            return logits
+        parts = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
+        dist.gather(logits, parts, dst=0)
+        return torch.cat(parts, dim=-1) if self.tp_rank == 0 else None

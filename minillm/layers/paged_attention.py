@@ -60,10 +60,10 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
         qs, qe, ks, ke = cu_seqlens_q[i], cu_seqlens_q[i + 1], cu_seqlens_k[i], cu_seqlens_k[i + 1]
         nq, nk = qe - qs, ke - ks  # with no earlier keys, the plain causal mask (is_causal) needs no tensor
         mask = None if nq == nk else torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(nk - nq)
-        out[qs:qe] = F.scaled_dot_product_attention(
-            q[qs:qe].transpose(0, 1), k[ks:ke].transpose(0, 1), v[ks:ke].transpose(0, 1),
+        out[qs:qe] = F.scaled_dot_product_attention(  # [1, heads, tokens, head_dim]: 4-D takes the fused kernel
+            q[None, qs:qe].transpose(1, 2), k[None, ks:ke].transpose(1, 2), v[None, ks:ke].transpose(1, 2),
             attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True,
-        ).transpose(0, 1)
+        )[0].transpose(0, 1)
     return out
 
 

@@ -12,18 +12,22 @@ from minillm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from minillm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from minillm.layers.rms_norm import RMSNorm
 from minillm.layers.rotary import RotaryEmbedding
+from minillm.utils.parallel import divide, get_tp_size
 
 
 class Qwen3Attention(nn.Module):
     def __init__(self, config: ModelConfig, rotary_emb: RotaryEmbedding):
         super().__init__()
         c = config
-        self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        tp_size = get_tp_size()  # each tensor-parallel rank computes its share of the heads
+        self.num_heads = divide(c.num_attention_heads, tp_size, "attention heads")
+        self.num_kv_heads = divide(c.num_key_value_heads, tp_size, "key/value heads")
+        self.head_dim = c.head_dim
         self.qkv_proj = QKVParallelLinear(c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads,
                                           bias=c.qkv_bias)
         self.o_proj = RowParallelLinear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=c.o_bias)
         self.rotary_emb = rotary_emb  # one cos/sin table, shared by every layer
-        self.attn = Attention(c.num_attention_heads, c.head_dim, c.head_dim**-0.5, c.num_key_value_heads)
+        self.attn = Attention(self.num_heads, c.head_dim, c.head_dim**-0.5, self.num_kv_heads)
         if c.qk_norm:  # Qwen3 normalises each query and key head before the rotation
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)

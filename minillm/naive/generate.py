@@ -57,7 +57,7 @@ def generate_cached(model, prompt_ids: list[int], max_new_tokens: int, **samplin
             x, pos = torch.tensor(ids, device=device), torch.arange(n, device=device)
         else:  # decode: only the newest token, at position and slot n-1
             set_context(Context(slot_mapping=torch.tensor([n - 1], device=device), block_tables=block_tables,
-                                context_lens=torch.tensor([n], device=device)))
+                                context_lens=torch.tensor([n], device=device), context_lens_cpu=[n]))
             x, pos = torch.tensor(ids[-1:], device=device), torch.tensor([n - 1], device=device)
         return model.compute_logits(model(x, pos)[-1])
 

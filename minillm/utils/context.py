@@ -20,6 +20,7 @@ class Context:
     logits_indices: torch.Tensor | None = None  # [num_sampled] prefill rows whose hidden state gives a next token
     cu_seqlens_q_cpu: list[int] = field(default_factory=list)  # cu_seqlens_q and _k as Python ints
     cu_seqlens_k_cpu: list[int] = field(default_factory=list)
+    context_lens_cpu: list[int] = field(default_factory=list)
 
 
 _CONTEXT: Context | None = None

@@ -64,6 +64,16 @@ def test_grade_all_passes_on_the_solutions():
     assert "FAIL" not in done.stdout and re.search(r"PASS  \d\d\.\d+", done.stdout)
 
 
+def test_grade_one_exercise_runs_only_its_tests():
+    done = subprocess.run([sys.executable, "-m", "minillm.course", "grade", "05.4", "--impl", "solutions"],
+                          cwd=ROOT / "notebooks", capture_output=True, text=True)  # from inside the course
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.findall(r"(PASS|FAIL|--) +(\d\d\.\d+)", done.stdout) == [("PASS", "05.4")], done.stdout
+    row, total = re.search(r"05\.4  BlockManager\.allocate: (\d+)/\1 tests pass", done.stdout), \
+        re.search(r"1 of 1 exercises done \((\d+) of \1 tests pass\)", done.stdout)
+    assert row and total and row[1] == total[1], "every test that ran must be one of 05.4's"
+
+
 def test_scoreboard_names_the_first_failure():
     results = [Result("test_a", "03.1", "passed"), Result("test_b[x]", "03.1", "failed", "AssertionError: off"),
                Result("test_c", "03.2", "passed"), Result("test_d", "03.3", "skipped"),

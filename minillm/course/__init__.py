@@ -13,10 +13,13 @@ replaced by `raise NotImplementedError`) and solutions/exNN_<topic>.py (the bodi
     use_impl("exercises", "03.1")    run minillm with your code for exercise 03.1 in place of the reference
     load_impl("exercises", "03")     your exercises/ex03_transformer.py, freshly loaded
     check_environment()              chapter 00: versions, device and the default model
+
+The course folders (exercises/, solutions/, notebooks/, tests/) are found from the working directory, so
+minillm may be installed editable or not; `course_root()` says where they are (see minillm.course.root).
 """
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]  # the course repository: minillm/, exercises/, notebooks/, tests/
+from minillm.course.root import CourseNotFound, course_root
 
 CHAPTERS = {
     "00": "setup",
@@ -34,17 +37,27 @@ CHAPTERS = {
 }
 
 
-def exercise_file(kind: str, chapter: str) -> Path:
-    """exercises/exNN_<topic>.py (kind "exercises") or solutions/exNN_<topic>.py (kind "solutions")."""
-    return ROOT / kind / f"ex{chapter}_{CHAPTERS[chapter]}.py"
+def exercise_file(kind: str, chapter: str, root: Path | None = None) -> Path:
+    """exercises/exNN_<topic>.py (kind "exercises") or solutions/exNN_<topic>.py (kind "solutions") in the
+    course folder, or under `root` (Path() gives the path relative to the course)."""
+    return (course_root() if root is None else root) / kind / f"ex{chapter}_{CHAPTERS[chapter]}.py"
 
 
-def notebook_file(chapter: str) -> Path:
-    return ROOT / "notebooks" / f"{chapter}_{CHAPTERS[chapter]}.ipynb"
+def notebook_file(chapter: str, root: Path | None = None) -> Path:
+    """notebooks/NN_<topic>.ipynb in the course folder, or under `root` (as for exercise_file)."""
+    return (course_root() if root is None else root) / "notebooks" / f"{chapter}_{CHAPTERS[chapter]}.ipynb"
+
+
+def __getattr__(name: str):
+    """`ROOT`, the course folder, looked up when asked for (from the working directory), not at import."""
+    if name == "ROOT":
+        return course_root()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 from minillm.course.env_check import check_environment  # noqa: E402
 from minillm.course.impl import load_impl, use_impl  # noqa: E402
 from minillm.course.show import show  # noqa: E402
 
-__all__ = ["CHAPTERS", "ROOT", "check_environment", "exercise_file", "load_impl", "notebook_file", "show", "use_impl"]
+__all__ = ["CHAPTERS", "CourseNotFound", "check_environment", "course_root", "exercise_file", "load_impl",
+           "notebook_file", "show", "use_impl"]

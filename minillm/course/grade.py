@@ -1,18 +1,18 @@
-"""`python -m minillm.course grade NN|all`: run the exercise tests against your code and print a scoreboard.
+"""`python -m minillm.course grade NN.k|NN|all`: run the exercise tests against your code and print a scoreboard.
 
 Each exercise test carries `@pytest.mark.exercise("NN.k")`; the scoreboard has one row per exercise: PASS when
 all of its tests pass, otherwise FAIL with the first failing test and the first line of what went wrong.
+`grade 05.4` runs only exercise 05.4's tests (the pytest plugin's `--exercise` option), `grade 05` a chapter's.
 """
 import contextlib
 import io
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-from minillm.course import CHAPTERS, ROOT, exercise_file
-from minillm.course.markers import find_exercises
-
-TESTS = ROOT / "tests" / "exercises"
+from minillm.course import CHAPTERS, course_root, exercise_file
+from minillm.course.markers import canonical_id, find_exercises
 
 
 @dataclass
@@ -45,25 +45,27 @@ class Recorder:
             self.results[report.nodeid] = Result(report.nodeid, None, "failed", last_line)
 
 
-def run(chapters: list[str], impl: str = "exercises") -> tuple[list[Result], int, str]:
-    """Run the tests of `chapters` in this process; returns the results, pytest's exit code and its output."""
+def run(chapters: list[str], impl: str = "exercises", exercise: str | None = None) -> tuple[list[Result], int, str]:
+    """Run the tests of `chapters` (of one `exercise` only, if given) in this process; returns the results,
+    pytest's exit code and its output."""
+    args = [str(course_root() / "tests" / "exercises"), "-m", " or ".join(f"ch{c}" for c in chapters),
+            f"--impl={impl}", "-q", "-p", "no:cacheprovider", *([f"--exercise={exercise}"] if exercise else [])]
     recorder, output = Recorder(), io.StringIO()
     with contextlib.redirect_stdout(output):  # the scoreboard replaces pytest's report
-        code = pytest.main([str(TESTS), "-m", " or ".join(f"ch{c}" for c in chapters), f"--impl={impl}", "-q",
-                            "-p", "no:cacheprovider"], plugins=[recorder])
+        code = pytest.main(args, plugins=[recorder])
     return list(recorder.results.values()), int(code), output.getvalue()
 
 
-def scoreboard(chapters: list[str], results: list[Result], impl: str = "exercises") -> str:
-    """One block per chapter, one row per exercise, then the total."""
+def scoreboard(chapters: list[str], results: list[Result], impl: str = "exercises", exercise: str | None = None) -> str:
+    """One block per chapter, one row per exercise (only `exercise`'s row, if given), then the total."""
     by_exercise = {}
     for r in results:
         by_exercise.setdefault(r.exercise, []).append(r)
-    names = {e.id: e.qualname for e in find_exercises() if e.chapter in chapters}
+    names = {e.id: e.qualname for e in find_exercises() if e.chapter in chapters and exercise in (None, e.id)}
     names |= {id: "?" for id in by_exercise if id and id not in names}  # a test naming an unknown exercise
-    lines, graded, done = [], 0, 0
+    lines, graded, done, failing = [], 0, 0, []
     for chapter in chapters:
-        lines.append(f"Chapter {chapter} ({CHAPTERS[chapter]}): {exercise_file(impl, chapter).relative_to(ROOT)}")
+        lines.append(f"Chapter {chapter} ({CHAPTERS[chapter]}): {exercise_file(impl, chapter, Path()).as_posix()}")
         for id in sorted((i for i in names if i.startswith(chapter)), key=lambda i: int(i[3:])):
             rs = by_exercise.get(id, [])
             if not rs:
@@ -74,29 +76,54 @@ def scoreboard(chapters: list[str], results: list[Result], impl: str = "exercise
             lines.append(f"  {'PASS' if _all_pass(rs) else 'FAIL'}  {id}  {names[id]}: {passed}/{len(rs)} tests pass")
             if failed := next((r for r in rs if r.outcome == "failed"), None):
                 lines.append(f"        {failed.test}: {failed.message}")
+                failing.append(id)
     for r in by_exercise.get(None, []):  # collection errors, and tests without an exercise marker
         lines.append(f"  FAIL  {r.test}: {r.message}")
     passed = sum(r.outcome == "passed" for r in results)
     lines.append(f"\n{done} of {graded} exercises done ({passed} of {len(results)} tests pass).")
     if done < graded:
-        lines.append(f"Details: pytest tests/exercises -m '{' or '.join(f'ch{c}' for c in chapters)}' --impl={impl}")
+        select = f"--exercise={exercise}" if exercise else f"-m '{' or '.join(f'ch{c}' for c in chapters)}'"
+        lines.append(f"Details: pytest tests/exercises {select} --impl={impl}")
+    if failing:
+        lines.append(f"Stuck on {failing[0]}? `python -m minillm.course hint {failing[0]}` gives a hint "
+                     "(--level 2 and 3 say more).")
     return "\n".join(lines)
 
 
+def selection(which: str) -> tuple[list[str], str | None]:
+    """The chapters and the one exercise (or None) that "NN.k", "NN" or "all" asks to grade.
+
+    Raises ValueError naming the valid choices for a chapter or an exercise that does not exist.
+    """
+    if which == "all":
+        return sorted({e.chapter for e in find_exercises()}), None
+    if "." in which:
+        id = canonical_id(which)
+        known = [e.id for e in find_exercises()]
+        if id not in known:
+            raise ValueError(f"There is no exercise {which}; the exercises are {', '.join(known)}.")
+        return [id[:2]], id
+    if which.zfill(2) not in CHAPTERS:
+        raise ValueError(f"There is no chapter {which}; the chapters are {', '.join(CHAPTERS)} (or all).")
+    return [which.zfill(2)], None
+
+
 def grade(which: str, impl: str = "exercises") -> int:
-    """Print the scoreboard of chapter `which` ("03") or of every chapter with exercises ("all"); 0 if all pass."""
-    chapters = sorted({e.chapter for e in find_exercises()}) if which == "all" else [which.zfill(2)]
-    if not set(chapters) <= set(CHAPTERS):
-        print(f"There is no chapter {which}; the chapters are {', '.join(CHAPTERS)}.")
+    """Print the scoreboard of one exercise ("05.4"), one chapter ("05") or every chapter with exercises ("all");
+    returns 0 if everything graded passes, 1 if something fails, 2 if there was nothing to grade."""
+    try:
+        chapters, exercise = selection(which)
+    except ValueError as e:
+        print(e)
         return 2
-    results, code, output = run(chapters, impl) if chapters else ([], 0, "")
+    results, code, output = run(chapters, impl, exercise) if chapters else ([], 0, "")
     if code in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR):
         print(output)
     if not results:
-        where = "minillm" if which == "all" else f"chapter {chapters[0]}"
+        where = "minillm" if which == "all" else f"exercise {exercise}" if exercise else f"chapter {chapters[0]}"
         print(f"Nothing to grade: {where} has no exercise tests yet.")
         return 2
-    print(scoreboard(chapters, results, impl))
+    print(scoreboard(chapters, results, impl, exercise))
     return 0 if _all_pass(results) else 1
 
 

@@ -14,7 +14,7 @@ import sys
 from contextlib import contextmanager
 from types import ModuleType
 
-from minillm.course import ROOT, exercise_file
+from minillm.course import exercise_file
 from minillm.course.markers import chapter_exercises
 
 
@@ -22,7 +22,7 @@ def load_impl(kind: str, chapter: str) -> ModuleType:
     """Import exercises/exNN_<topic>.py or solutions/exNN_<topic>.py afresh, so that your latest edits count."""
     path = exercise_file(kind, chapter)
     if not path.exists():
-        raise FileNotFoundError(f"{path.relative_to(ROOT)} does not exist; `python -m minillm.course build` writes it")
+        raise FileNotFoundError(f"{kind}/{path.name} does not exist; `python -m minillm.course build` writes it")
     name = f"{kind}.{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)

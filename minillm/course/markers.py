@@ -1,7 +1,8 @@
 """Find the exercises: `# BEGIN EXERCISE NN.k: <task>` … `# END EXERCISE` regions in minillm's source.
 
 A region sits inside a top-level function or inside a method of a top-level class; the lines between the two
-markers are the reference body a student writes. Chapter NN is the exercise id's prefix.
+markers are the reference body a student writes. Chapter NN is the exercise id's prefix. The markers are read
+from the minillm package that is imported, wherever it is installed.
 """
 import ast
 import re
@@ -9,9 +10,9 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from minillm.course import CHAPTERS, ROOT, exercise_file, notebook_file
+from minillm.course import CHAPTERS, exercise_file, notebook_file
+from minillm.course.root import PACKAGE
 
-PACKAGE = ROOT / "minillm"
 BEGIN = re.compile(r"^(\s*)# BEGIN EXERCISE (\d\d\.\d+): (\S.*)$")
 END = re.compile(r"^\s*# END EXERCISE\s*$")
 
@@ -27,7 +28,7 @@ class Exercise:
     module: str  # "minillm.layers.rms_norm"
     qualname: str  # "rms_norm", or "BlockManager.allocate" for a method
     path: Path
-    source: str  # the path relative to the repository, as the generated files name it
+    source: str  # the path from the package's parent folder ("minillm/…"), as the generated files name it
     begin: int  # 1-based line numbers of the BEGIN and END marker lines
     end: int
     indent: str  # the BEGIN marker's indentation
@@ -48,8 +49,8 @@ class Exercise:
 
     def stub(self) -> list[str]:
         """What replaces the reference body in a student's file: a raise that says what to do and where."""
-        student_file = exercise_file("exercises", self.chapter).relative_to(ROOT).as_posix()
-        notebook = notebook_file(self.chapter).relative_to(ROOT).as_posix()
+        student_file = exercise_file("exercises", self.chapter, Path()).as_posix()
+        notebook = notebook_file(self.chapter, Path()).as_posix()
         i = self.indent
         return [
             f"{i}raise NotImplementedError(",
@@ -59,7 +60,7 @@ class Exercise:
         ]
 
 
-def scan_file(path: Path, root: Path = ROOT) -> list[Exercise]:
+def scan_file(path: Path, root: Path = PACKAGE.parent) -> list[Exercise]:
     """The exercises marked in one source file; its module name is its path relative to `root`."""
     text = path.read_text()
     if "EXERCISE" not in text:
@@ -104,7 +105,8 @@ def _functions(tree: ast.Module):
 @cache
 def find_exercises() -> tuple[Exercise, ...]:
     """Every exercise in minillm (minillm/course itself excluded), ordered by id."""
-    found = [e for path in sorted(PACKAGE.rglob("*.py")) if "course" not in path.parts for e in scan_file(path)]
+    found = [e for path in sorted(PACKAGE.rglob("*.py")) if "course" not in path.relative_to(PACKAGE).parts
+             for e in scan_file(path)]
     seen = {}
     for e in found:
         if e.id in seen:
@@ -113,6 +115,12 @@ def find_exercises() -> tuple[Exercise, ...]:
             raise MarkerError(f"{e.source}:{e.begin}: exercise {e.id}: there is no chapter {e.chapter}")
         seen[e.id] = e
     return tuple(sorted(found, key=lambda e: (e.chapter, int(e.id[3:]))))
+
+
+def canonical_id(which: str) -> str:
+    """An exercise id as the markers write it: "5.4" -> "05.4" (the chapter zero-padded)."""
+    chapter, dot, k = which.strip().partition(".")
+    return f"{chapter.zfill(2)}{dot}{k}"
 
 
 def chapter_exercises(which: str) -> list[Exercise]:

@@ -4,6 +4,7 @@
   fresh clone is green) or the student's exercises/exNN_<topic>.py.
 - `@pytest.mark.exercise("03.1")` says which exercise a test grades; the test also gets the chapter's
   marker (`ch03`), so `pytest -m ch03` selects it, and the id travels in the report for the scoreboard.
+- `--exercise=03.1` (repeatable) keeps only the tests of that exercise; the others are deselected.
 - The `impl` fixture is the selected module for the test's chapter: `impl.rms_norm(x, w, eps)`.
 """
 import pytest
@@ -14,6 +15,8 @@ from minillm.course.impl import load_impl
 def pytest_addoption(parser):
     parser.addoption("--impl", choices=("solutions", "exercises"), default="solutions",
                      help="grade solutions/exNN_*.py (default) or the student's exercises/exNN_*.py")
+    parser.addoption("--exercise", action="append", default=[], metavar="NN.k",
+                     help="run only the tests of exercise NN.k (repeat it for several)")
 
 
 def pytest_configure(config):
@@ -21,11 +24,16 @@ def pytest_configure(config):
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
+    chosen, kept, dropped = set(config.getoption("exercise")), [], []
     for item in items:
         if marker := item.get_closest_marker("exercise"):
             item.add_marker(f"ch{marker.args[0][:2]}")
             item.user_properties.append(("exercise", marker.args[0]))
+        (kept if not chosen or (marker and marker.args[0] in chosen) else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,8 @@ import inspect
 import textwrap
 from pathlib import Path
 
-from minillm.course import ROOT
 from minillm.course.markers import scan_file
+from minillm.course.root import PACKAGE, CourseNotFound, course_root
 
 
 class Source:
@@ -39,8 +39,17 @@ def show(obj, solution: bool = False) -> Source:
     path = Path(inspect.getsourcefile(obj)).resolve()
     end = start + len(lines) - 1
     if not solution:
-        for e in reversed(scan_file(path) if path.is_relative_to(ROOT / "minillm") else []):
+        for e in reversed(scan_file(path) if path.is_relative_to(PACKAGE) else []):
             if start <= e.begin and e.end <= end:
                 lines[e.begin - start + 1:e.end - start] = [s + "\n" for s in e.stub()]
-    where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
-    return Source(textwrap.dedent("".join(lines)).rstrip("\n"), f"{where.as_posix()}, lines {start}–{end}")
+    return Source(textwrap.dedent("".join(lines)).rstrip("\n"), f"{_where(path)}, lines {start}–{end}")
+
+
+def _where(path: Path) -> str:
+    """minillm/… for the package's files, exercises/… for the course's, else the full path."""
+    if path.is_relative_to(PACKAGE.parent):
+        return path.relative_to(PACKAGE.parent).as_posix()
+    try:
+        return path.relative_to(course_root()).as_posix()
+    except (CourseNotFound, ValueError):
+        return path.as_posix()

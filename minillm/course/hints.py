@@ -1,0 +1,244 @@
+"""Three hints per exercise, from a nudge to the pitfalls: `python -m minillm.course hint 05.4 [--level 2]`.
+
+Level 1 names the approach, level 2 the key operation, level 3 the shapes and the pitfalls the tests check.
+None of them is code: they name functions, attributes and shapes, and leave the writing to you.
+"""
+import textwrap
+from pathlib import Path
+
+from minillm.course import exercise_file
+from minillm.course.markers import canonical_id, find_exercises
+
+LEVELS = ("approach", "key operation", "shapes and pitfalls")
+WIDTH = 100  # columns of a printed hint
+
+HINTS: dict[str, tuple[str, str, str]] = {
+    "01.1": (
+        "Keep a list of pieces that starts as one piece per character, and merge one adjacent pair per round "
+        "until no adjacent pair is a learned merge. Each round picks its pair across the whole word.",
+        "In each round, look up the rank of every adjacent pair in `ranks` (a pair that is not there ranks as "
+        "infinity, e.g. with `ranks.get` and a default) and take the smallest, the leftmost on a tie; replace "
+        "those two pieces by their concatenation.",
+        "Rank order decides, not position: with ranks {('b','c'): 0, ('a','b'): 1}, 'abc' gives ['a', 'bc']. "
+        "Stop when the best rank is infinity or one piece is left; 'aaa' with {('a','a'): 0} gives ['aa', 'a'] "
+        "(no overlap). Never modify `ranks`.",
+    ),
+    "01.2": (
+        "Decode two windows that both start at prefix_offset: one up to read_offset (the text already shown) "
+        "and one up to the end. The new text is what the longer decoding adds after the shorter one.",
+        "Compare the two strings: only if the longer one is longer and does not end in the replacement "
+        "character '\\ufffd' is its tail (past the shorter one's length) new text. Then the window moves on: "
+        "prefix_offset becomes the old read_offset, read_offset becomes len(ids).",
+        "Return a triple (new_text, prefix_offset, read_offset). While a character is unfinished return '' "
+        "with both offsets unchanged, so its bytes are decoded again with the next token (the test expects "
+        "('', 0, 1)). Subtract rather than decode the new ids alone: a window's first token loses its leading "
+        "space when decoded on its own.",
+    ),
+    "02.1": (
+        "An embedding is a table lookup: token id t picks row t of weight, which is [vocab, hidden]. No "
+        "matmul and no Python loop are needed.",
+        "Index the table with the id tensor itself (advanced indexing): torch gathers one row per id, for ids "
+        "of any shape. `F.embedding` does the same.",
+        "The output is the ids' shape plus hidden: a scalar id gives [hidden], [n] gives [n, hidden], [b, n] "
+        "gives [b, n, hidden]. Keep the table's dtype (bf16 stays bf16); `one_hot` @ weight is only the slow "
+        "formula the test compares with.",
+    ),
+    "02.2": (
+        "Each logit is the dot product of the hidden vector with one row of the (tied) embedding table, so "
+        "all of them together are one matrix product.",
+        "Multiply hidden [..., hidden] by the transpose of weight [vocab, hidden]; the `@` operator "
+        "(torch.matmul) broadcasts over any leading dimensions. `F.linear(hidden, weight)` is the same product.",
+        "The result is [..., vocab]: hidden's leading dimensions stay, the last becomes the vocabulary size. "
+        "Transpose the table, not hidden; with a [vocab, hidden] table, multiplying by it untransposed is a "
+        "shape error.",
+    ),
+    "03.1": (
+        "Divide each vector (the last dimension) by its root mean square, then multiply elementwise by weight. "
+        "Do the arithmetic in float32 and cast back at the end.",
+        "Square x, take the mean over dim=-1 with keepdim=True, add eps, and multiply x by `torch.rsqrt` of "
+        "that (or divide by `torch.sqrt`). Cast to the input dtype, then scale by weight.",
+        "eps goes inside the root (a test uses eps=0.5 to tell), and a zero vector must come out zero, not NaN. "
+        "Remember x's dtype before upcasting: fp16 values in the hundreds overflow when squared in fp16 (its "
+        "maximum is 65504), and the result must be fp16 again. keepdim gives [..., 1], which broadcasts against x.",
+    ),
+    "03.2": (
+        "Split the last dimension of x into a first half x1 and a second half x2: pair i is the 2-D point "
+        "(x1[i], x2[i]), rotated by the token's angle i. Rotating (a, b) by θ gives (a·cosθ − b·sinθ, "
+        "b·cosθ + a·sinθ).",
+        "`chunk(2, dim=-1)` gives the halves; compute the two rotated halves with cos and sin and join them "
+        "again with `torch.cat` along the last dimension.",
+        "x is [tokens, heads, head_dim] while cos and sin are [tokens, head_dim/2]: add a heads axis with "
+        "`unsqueeze(-2)` so they broadcast over heads. The halves are the first and second half, not even and "
+        "odd elements; compute in float32 and return x's dtype (a bf16 test checks).",
+    ),
+    "03.3": (
+        "Give each query head its shared KV head, score every query against every key (scaled), hide the "
+        "future keys, softmax over the keys, and take the weighted sum of the values.",
+        "Repeat k and v along the head dimension with `repeat_interleave(group, dim=1)`, group = heads // "
+        "kv_heads, so query head h meets KV head h // group. Scores per head are q·k over head_dim "
+        "(`torch.einsum`, or transpose and `@`) times scale; `masked_fill` the future with -inf using a "
+        "`triu(1)` boolean matrix, then `softmax(dim=-1)`.",
+        "q is [T, H, D], k and v are [T, Hkv, D]; scores are [H, T, T] (query × key) and the output must be "
+        "[T, H, D] again. `repeat` instead of `repeat_interleave` pairs the wrong heads (the GQA case "
+        "catches it). Compute in float32 and cast to q's dtype.",
+    ),
+    "03.4": (
+        "The input's last dimension is [gate | up]: split it in half, apply SiLU to the gate half only, and "
+        "multiply by the up half.",
+        "`chunk(2, dim=-1)` gives the two halves; `F.silu` is the activation (g · sigmoid(g)).",
+        "The output's last dimension is half the input's (14 gives 7). The gate is the first half, not the "
+        "second; and keep the dtype: bf16 in, bf16 out.",
+    ),
+    "04.1": (
+        "For each token, every layer stores one key vector and one value vector per KV head. Count those "
+        "numbers and multiply by the size of one number in `dtype`.",
+        "The count is 2 × num_hidden_layers × num_key_value_heads × head_dim, all read from the config; the "
+        "bytes per element come from torch (`dtype.itemsize`, or `element_size()` of an empty tensor of that "
+        "dtype).",
+        "Use num_key_value_heads, not num_attention_heads: under GQA only the KV heads are cached. Check: "
+        "Qwen3-0.6B (28 layers, 8 KV heads, head_dim 128) in bf16 is 114,688 bytes. Return an int.",
+    ),
+    "04.2": (
+        "See each cache [num_blocks, block_size, kv_heads, head_dim] as one long column of slots "
+        "[num_blocks·block_size, kv_heads, head_dim]: token t's key and value go to row slot_mapping[t], "
+        "unless that slot is -1.",
+        "Build a boolean mask of the valid slots (slot ≥ 0), select those tokens of k and v and those slots, "
+        "and write them with one indexed assignment into a `view` of each cache.",
+        "Leave the -1 entries out rather than index with them: -1 is a valid index, the last slot, and would "
+        "be overwritten. The write must land in the cache itself: assign into the view directly, as indexing "
+        "first and assigning into the result writes into a temporary copy. Slots come in any order; no Python "
+        "loop is needed.",
+    ),
+    "05.1": (
+        "Position pos of a sequence sits in its logical block pos // block_size, at offset pos % block_size "
+        "inside it; the block table says which physical block that logical block is.",
+        "For every position from start to end − 1, the slot is the physical block's number times block_size "
+        "plus the offset.",
+        "end is exclusive, so the list has end − start entries, plain ints. Check: table [7, 2, 5] with "
+        "block_size 4 puts position 4 in slot 2·4 + 0 = 8 and position 0 in slot 28.",
+    ),
+    "05.2": (
+        "Rebuild each sequence's keys and values from its blocks, in block-table order, so position j of "
+        "sequence i is its key j. Then run ordinary, non-causal attention of its one query over them, hiding "
+        "the positions at or past its context length.",
+        "`gather_kv(cache, block_tables)` (same module) gives [num_seqs, max_len, kv_heads, head_dim]. Make a "
+        "boolean mask [num_seqs, max_len], True where the position is below context_lens (compare an "
+        "`arange` with context_lens), and pass it as attn_mask to `F.scaled_dot_product_attention` with "
+        "scale=scale.",
+        "SDPA wants [batch, heads, length, head_dim], so transpose k and v. For GQA either repeat_interleave "
+        "k and v up to the query heads, or view q as [num_seqs, kv_heads, heads/kv_heads, head_dim]; the mask "
+        "then broadcasts as [num_seqs, 1, 1, max_len]. The -1 padding in a block table reads block 0: only the "
+        "mask keeps it out. Return [num_seqs, heads, head_dim].",
+    ),
+    "05.3": (
+        "Feed the previous block's hash and this block's token ids into one stable hash and turn its digest "
+        "into a Python int. Chaining makes equal hashes mean equal whole prefixes, not just equal blocks.",
+        "`hashlib.blake2b` with an 8-byte digest gives 64 bits: update it with prefix_hash as 8 bytes "
+        "(`int.to_bytes`) and with the tokens as bytes (numpy int64 and `tobytes`, say), then read the digest "
+        "back with `int.from_bytes`.",
+        "prefix_hash is -1 for the first block, so convert it as a signed number (without signed=True, "
+        "to_bytes raises OverflowError). The result must be an int within 64 bits, the same for the same "
+        "input, and different when the token order or the prefix changes.",
+    ),
+    "05.4": (
+        "Walk the sequence block by block (`self.num_blocks(len(seq))` of them, tokens from "
+        "`self.block_tokens(seq, i)`). While every block so far was a cache hit, look the next full block up "
+        "by its chained hash; from the first miss on, take fresh blocks.",
+        "A block's hash is `self.hash_fn(tokens, previous hash)`, starting from -1; `self.hash_to_block_id` "
+        "finds a cached block, whose token_ids must equal yours (else it is a collision: a miss). A hit in "
+        "`self.used_block_ids` is shared (raise its ref_count); a hit on a free block is revived with "
+        "`self._take(block_id)`; a miss takes `self._take_new()`.",
+        "Set `seq.num_cached_tokens` to 0 first and add block_size per hit (a 10-token sequence sharing two "
+        "4-token blocks gets 8). Only full blocks can hit, nothing hits after a miss or with "
+        "enable_prefix_caching off. Append every block id to `seq.block_table` in order; don't register hashes "
+        "here, `cache_blocks` does that later.",
+    ),
+    "05.5": (
+        "Give back each of seq's blocks. A block may be shared with other sequences, so only lower its "
+        "reference count, and return it to the free list when the count reaches zero. Afterwards seq owns "
+        "nothing.",
+        "For each id in `seq.block_table`, decrement `self.blocks[id].ref_count`; at zero, move the id from "
+        "`self.used_block_ids` to `self.free_block_ids` (its `append`).",
+        "Go from the last block to the first, so prefix blocks, the likeliest to be reused, are evicted last. "
+        "Keep a freed block's hash and token_ids: a later identical prefix revives it (a test allocates again "
+        "after freeing and expects num_cached_tokens 8). Finally empty `seq.block_table` and set "
+        "`seq.num_computed_tokens` to 0.",
+    ),
+    "06.1": (
+        "Work on each row sorted from most to least likely: there, top-k drops ranks ≥ k and top-p drops a "
+        "token once the tokens ranked above it already hold probability p. Set those to -inf, then put the "
+        "row back in its original order.",
+        "`sort(dim=-1, descending=True)` gives the sorted logits and the permutation; softmax the sorted row "
+        "and take its `cumsum`; build a boolean drop mask, `masked_fill` it with -inf, and undo the sort with "
+        "`scatter` along the last dimension using the permutation.",
+        "top_k and top_p are [B]: index them with [:, None] to broadcast over the vocabulary, and read k = 0 "
+        "as 'keep all' (`torch.where`). Use the probability strictly above each token (cumsum minus its own), "
+        "so the token that crosses p stays and the top token always survives. Kept logits come back "
+        "unchanged.",
+    ),
+    "06.2": (
+        "Admit sequences from the front of `self.waiting`, in order, while there is a seat "
+        "(`self.max_num_seqs` running) and token budget left (`self.max_num_batched_tokens` per step). Stop at "
+        "the first one whose blocks do not fit, so nobody overtakes it; return the scheduled sequences.",
+        "A sequence without blocks is allocated only if `self.block_manager.can_allocate(seq)`; then its "
+        "num_computed_tokens starts at num_cached_tokens, capped at len(seq) − 1. Schedule min(tokens left, "
+        "budget) as num_scheduled_tokens, take them off the budget, and call "
+        "`self.block_manager.cache_blocks(seq, computed + scheduled)`.",
+        "Only a sequence whose prompt finishes this step (`seq.samples_this_step`) leaves waiting, becomes "
+        "SequenceStatus.RUNNING and joins `self.running`; a chunked one keeps its blocks, stays at the head and "
+        "ends this step's admissions (20 tokens under a budget of 8 run as 8, 8, 4). The cap of len(seq) − 1 "
+        "keeps one token to compute, for its logits. A head that already has a block_table is not allocated "
+        "again.",
+    ),
+    "06.3": (
+        "Loop: while seq's next token has no cache slot (`self.block_manager.can_append(seq)` is false), "
+        "preempt one running sequence and check again. Return True once it fits, False if seq itself had to "
+        "go.",
+        "The victim is the running sequence that the waiting order puts last: the maximum of `self.running` "
+        "under the key `self.queue_key`. Preempting it (`self.preempt`) frees its blocks and sends it back to "
+        "waiting.",
+        "Use queue_key rather than arrival alone, so the priority policy preempts the lowest priority first "
+        "(the test expects the priority-0 sequence back in waiting). The victim may be already scheduled this "
+        "step, or seq itself: compare with `is`, and stop as soon as seq is preempted.",
+    ),
+    "06.4": (
+        "Go through the step's sequences with their sampled tokens, in order: record the work done; if a "
+        "token was sampled, append it and decide whether the sequence is finished. A finished one frees its "
+        "blocks and leaves `self.running`. Return those that got a token.",
+        "Add num_scheduled_tokens to num_computed_tokens for every sequence. A None token means a prefill "
+        "chunk that did not reach the end of the prompt: nothing more to do for it. Otherwise append to "
+        "`seq.token_ids` and set `seq.finish_reason` with the module's `finish_reason(seq, self.eos_token_ids)`.",
+        "When finish_reason is not None ('stop' or 'length'): status SequenceStatus.FINISHED, its blocks "
+        "freed with the block manager's `deallocate`, and out of `self.running`. Advance num_computed_tokens before "
+        "the None check, and let the helper judge EOS: it also handles stop_token_ids, ignore_eos and "
+        "max_tokens.",
+    ),
+}
+
+
+def hint(which: str, level: int = 1) -> str:
+    """Hints 1..level of exercise `which` ("05.4"), then how to get the next one.
+
+    Raises ValueError naming the valid exercises or levels when `which` or `level` is not one of them.
+    """
+    id = canonical_id(which)
+    exercises = {e.id: e for e in find_exercises()}
+    if id not in exercises:
+        raise ValueError(f"There is no exercise {which}; the exercises are {', '.join(exercises)}.")
+    if id not in HINTS:
+        raise ValueError(f"Exercise {id} has no hints yet; its docstring in "
+                         f"{exercise_file('exercises', id[:2], Path()).as_posix()} is the spec.")
+    if level not in range(1, len(LEVELS) + 1):
+        raise ValueError(f"There are hint levels 1, 2 and 3 (approach, key operation, shapes and pitfalls); "
+                         f"{level} is not one of them.")
+    e = exercises[id]
+    lines = [f"Exercise {id}: {e.qualname} ({e.task})", ""]
+    for n in range(1, level + 1):
+        lines += [textwrap.fill(f"Hint {n} of {len(LEVELS)} ({LEVELS[n - 1]}): {HINTS[id][n - 1]}", WIDTH), ""]
+    if level < len(LEVELS):
+        lines.append(f"More: python -m minillm.course hint {id} --level {level + 1}")
+    else:
+        lines.append(f"That was the last hint. The spec is the docstring in "
+                     f"{exercise_file('exercises', id[:2], Path()).as_posix()}; "
+                     f"`python -m minillm.course grade {id}` names the first failing test.")
+    return "\n".join(lines)

@@ -19,7 +19,7 @@ def test_decode_in_chunks_of_rows_equals_one_call():
     k_cache, v_cache = torch.randn(400, block_size, kv_heads, head_dim), torch.randn(400, block_size, kv_heads, head_dim)
     q = torch.randn(len(lens), heads, head_dim)
     ctx = Context(block_tables=torch.tensor(tables), context_lens=lens, context_lens_cpu=lens.tolist())
-    backend = TorchAttentionBackend(torch.device("cpu"))
+    backend = TorchAttentionBackend()
     assert backend.decode_rows < len(lens)
     chunked = backend.decode(q, k_cache, v_cache, ctx, 0.25)
     torch.testing.assert_close(chunked, paged_decode_attention(q, k_cache, v_cache, ctx.block_tables, lens, 0.25))

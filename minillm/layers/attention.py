@@ -34,9 +34,7 @@ class TorchAttentionBackend:
     """
 
     name = "torch"
-
-    def __init__(self, device: torch.device):
-        self.decode_rows = 16 if device.type == "cpu" else None
+    decode_rows = 16
 
     def store_kvcache(self, k, v, k_cache, v_cache, ctx: Context) -> None:
         store_kvcache(k, v, k_cache, v_cache, ctx.slot_mapping)
@@ -48,7 +46,7 @@ class TorchAttentionBackend:
         return prefill_attention(q, k, v, ctx.cu_seqlens_q_cpu, ctx.cu_seqlens_k_cpu, scale)
 
     def decode(self, q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
-        if self.decode_rows is None:
+        if not q.is_cpu:
             return paged_decode_attention(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale)
         out, block_size = [], k_cache.shape[1]
         for a in range(0, len(q), self.decode_rows):
@@ -69,7 +67,7 @@ def select_attention_backend(name: str = "auto", device: torch.device | str = "c
         name = "torch"
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention_backend {name!r}: choose 'auto' or one of {sorted(ATTENTION_BACKENDS)}")
-    return ATTENTION_BACKENDS[name](torch.device(device))
+    return ATTENTION_BACKENDS[name]()
 
 
 class Attention(nn.Module):
@@ -85,7 +83,7 @@ class Attention(nn.Module):
         super().__init__()
         self.num_heads, self.head_dim, self.scale, self.num_kv_heads = num_heads, head_dim, scale, num_kv_heads
         self.k_cache = self.v_cache = torch.tensor([])  # views into the engine's cache, set by the runner
-        self.backend = TorchAttentionBackend(torch.device("cpu"))
+        self.backend = TorchAttentionBackend()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = get_context()

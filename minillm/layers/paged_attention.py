@@ -32,8 +32,8 @@ def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cac
 def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
     """Each sequence's blocks in table order, as positions: [num_seqs, max_blocks * block_size, kv_heads, head_dim].
 
-    `index_select(0, ids)` is `cache[ids]` along the first dimension, done as one copy (far faster on a CPU
-    than fancy indexing). The -1 entries that pad short tables read block 0: a mask must hide those
+    `index_select(0, ids)` is `cache[ids]` along the first dimension, done as one copy of whole blocks (several
+    times faster than fancy indexing on a CPU when blocks are small). The -1 entries that pad short tables read block 0: a mask must hide those
     positions, as it hides the unwritten slots at the end of each sequence's last block.
     """
     num_seqs, width = block_tables.shape

@@ -33,9 +33,15 @@ def test_unexpected_tensor_is_named(ckpt):
         build_model(ckpt)
 
 
-def test_wrong_shape_names_tensor_and_expected_shape(ckpt):
-    rewrite(ckpt, lambda t: t.update({"model.layers.0.mlp.up_proj.weight": torch.zeros(160, 32)}))
-    with pytest.raises(ValueError, match=r"model.layers.0.mlp.up_proj.weight.*\(160, 32\), expected \(160, 64\)"):
+@pytest.mark.parametrize("name,shape,expected", [
+    ("model.layers.0.mlp.up_proj.weight", (160, 32), r"\(160, 32\), expected \(160, 64\)"),  # a packed shard
+    ("model.layers.0.self_attn.k_proj.weight", (16, 64), r"\(16, 64\), expected \(64, 64\)"),  # too few rows
+    ("model.layers.0.self_attn.o_proj.weight", (64, 48), r"\(64, 48\), expected \(64, 64\)"),
+    ("model.embed_tokens.weight", (300, 64), r"\(300, 64\), expected \(256, 64\)"),
+])
+def test_wrong_shape_names_tensor_and_expected_shape(ckpt, name, shape, expected):
+    rewrite(ckpt, lambda t: t.update({name: torch.zeros(shape)}))
+    with pytest.raises(ValueError, match=name.replace(".", r"\.") + ".*" + expected):
         build_model(ckpt)
 
 

@@ -34,10 +34,7 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None):
-        if len(loaded_weight) != self.num_embeddings_per_rank * self.tp_size:
-            raise ValueError(f"embedding: checkpoint tensor has shape {tuple(loaded_weight.shape)}, expected "
-                             f"{(self.num_embeddings_per_rank * self.tp_size, *param.shape[1:])}")
-        copy_checked(param.data, loaded_weight.narrow(0, self.vocab_start, len(param)), "embedding")
+        copy_checked(param.data, loaded_weight, "embedding", 0, self.tp_rank, self.tp_size)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:

@@ -12,11 +12,14 @@ from torch import nn
 from minillm.utils.parallel import all_reduce, divide, get_tp_rank, get_tp_size
 
 
-def copy_checked(dst: torch.Tensor, src: torch.Tensor, what: str) -> None:
-    """Copy src into dst, or say which tensor has the wrong shape and what was expected."""
-    if dst.shape != src.shape:
-        raise ValueError(f"{what}: checkpoint tensor has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
-    dst.copy_(src)
+def copy_checked(dst: torch.Tensor, src: torch.Tensor, what: str, dim: int | None = None, rank: int = 0,
+                 tp_size: int = 1) -> None:
+    """Copy src into dst, or say which tensor has the wrong shape and what was expected. With `dim`, src is the
+    whole checkpoint tensor, split in tp_size equal parts along dim, and dst receives part `rank`."""
+    expected = [n * (tp_size if d == dim else 1) for d, n in enumerate(dst.shape)]
+    if list(src.shape) != expected:
+        raise ValueError(f"{what}: checkpoint tensor has shape {tuple(src.shape)}, expected {tuple(expected)}")
+    dst.copy_(src if dim is None else src.narrow(dim, rank * dst.shape[dim], dst.shape[dim]))
 
 
 class LinearBase(nn.Module):
@@ -36,11 +39,8 @@ class LinearBase(nn.Module):
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None):
         """Copy this rank's part of a checkpoint tensor (all of it for tp_dim None, or for a bias split by input)."""
-        dim = self.tp_dim if self.tp_dim is not None and self.tp_dim < loaded_weight.dim() else None
-        if dim is not None:
-            size = param.shape[dim]
-            loaded_weight = loaded_weight.narrow(dim, self.tp_rank * size, size)
-        copy_checked(param.data, loaded_weight, "weight")
+        dim = self.tp_dim if self.tp_dim is not None and self.tp_dim < param.dim() else None
+        copy_checked(param.data, loaded_weight, "weight", dim, self.tp_rank, self.tp_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -75,8 +75,8 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: int):
         size = self.output_sizes[shard_id]
         offset = sum(self.output_sizes[:shard_id])
-        copy_checked(param.data.narrow(0, offset, size), loaded_weight.narrow(0, self.tp_rank * size, size),
-                     f"shard {shard_id}")
+        copy_checked(param.data.narrow(0, offset, size), loaded_weight, f"shard {shard_id}", 0, self.tp_rank,
+                     self.tp_size)
 
 
 class QKVParallelLinear(MergedColumnParallelLinear):

@@ -58,7 +58,20 @@ class BlockManager(minillm.engine.block_manager.BlockManager):
     """Your methods of minillm.engine.block_manager.BlockManager; it supplies everything else."""
 
     def allocate(self, seq: Sequence) -> None:
-        """Give seq blocks for all its tokens, reusing cached blocks of its longest cached prefix."""
+        """Give seq a block for every token, reusing the cached blocks of its longest cached prefix.
+
+        Walk seq's blocks in order (`self.block_tokens(seq, i)` are block i's tokens; the last may be partial).
+        While prefix caching is on and every block so far was a hit, hash each *full* block chained with the
+        previous one (`h = self.hash_fn(token_ids, h)`, starting from h = -1) and look it up in
+        `hash_to_block_id`; it is a hit only if that block's `token_ids` equal these tokens (equal hashes of
+        other tokens are a collision, a miss). A hit in use (in `used_block_ids`) gets `ref_count += 1`; a hit
+        on the free list is revived with `self._take(block_id)`. A miss, a partial block, and every block after
+        the first miss (it can no longer be a cached *prefix*) get a fresh block from `self._take_new()`.
+        Append each block id to `seq.block_table`; set `seq.num_cached_tokens` to the tokens the hits cover
+        (block_size per hit; 0 without prefix caching).
+        Example, block_size 4: a computed sequence of tokens 0..8 holds blocks [a, b, c]; allocating tokens
+        0..7, 99, 98 gives the table [a, b, new block], ref counts 2 on a and b, num_cached_tokens 8.
+        """
         # BEGIN EXERCISE 05.4: allocate with prefix reuse — walk the full blocks, reuse hash hits (checking tokens), else take new
         raise NotImplementedError(
             "Exercise 05.4 (allocate with prefix reuse — walk the full blocks, reuse hash hits (checking tokens), else take new) is not done yet: "
@@ -67,7 +80,13 @@ class BlockManager(minillm.engine.block_manager.BlockManager):
         # END EXERCISE
 
     def deallocate(self, seq: Sequence) -> None:
-        """Release seq's blocks; a block returns to the free list when no sequence uses it any more."""
+        """Release seq's blocks. Each block's `ref_count` drops by one; a block nobody uses any more (0) leaves
+        `used_block_ids` and is appended to `free_block_ids`, keeping its hash and tokens so that a later
+        identical prefix can revive it. Go from the table's last block to its first: free blocks are reused
+        oldest first, so a prefix's early blocks, the most shared, stay cached longest. Afterwards
+        `seq.block_table` is empty and `seq.num_computed_tokens` is 0 (none of its tokens are in the cache).
+        Example: a block shared by two sequences (ref_count 2) stays in use when the first is freed and
+        goes to the free list when the second is."""
         # BEGIN EXERCISE 05.5: free with reference counts — decrement, and free blocks nobody uses
         raise NotImplementedError(
             "Exercise 05.5 (free with reference counts — decrement, and free blocks nobody uses) is not done yet: "
@@ -75,4 +94,4 @@ class BlockManager(minillm.engine.block_manager.BlockManager):
         )
         # END EXERCISE
 
-# build checksum: ee7d27ac680832ac (lets `build` tell this untouched file from your edits)
+# build checksum: ead6d3c417a24691 (lets `build` tell this untouched file from your edits)

@@ -71,6 +71,20 @@ class Scheduler:
             self.preempt(victim)
 
     def schedule_prefill(self) -> list[Sequence]:
+        """The sequences admitted for a prefill step, each with `num_scheduled_tokens` set ([] if none).
+
+        While sequences wait, fewer than max_num_seqs run, and token budget is left (max_num_batched_tokens
+        to start with), look at the first waiting sequence. If it has no blocks yet: stop if
+        `self.block_manager.can_allocate(seq)` is False; else `allocate` it and set `seq.num_computed_tokens`
+        to its cached tokens, at most len(seq) - 1 (the last token is always computed: its logits give the
+        next token). Schedule min(tokens still to compute, budget) tokens, take them from the budget, and make
+        the blocks this step fills findable: `self.block_manager.cache_blocks(seq, num_computed_tokens +
+        num_scheduled_tokens)`. If that does not reach the end (`seq.samples_this_step` is False) it is a chunk
+        of a long prompt: stop there, the sequence stays first in `waiting` with its blocks. Otherwise move it
+        from `waiting` (popleft) to `running`, status RUNNING.
+        Example: max_num_seqs 2, prompts of 10, 11 and 12 tokens: the first two are admitted, the third waits;
+        with a budget of 8, a 20-token prompt is prefilled in chunks of 8, 8 and 4.
+        """
         # BEGIN EXERCISE 06.2: prefill selection — admit waiting sequences under the sequence, token and block budgets
         scheduled, budget = [], self.max_num_batched_tokens
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
@@ -108,7 +122,8 @@ class Scheduler:
 
         The victim is the running sequence that the waiting order puts last (`queue_key`): the latest arrival
         under FCFS; the lowest priority, then the latest arrival, under the priority policy. It may be one
-        already scheduled in this step, or seq itself."""
+        already scheduled in this step, or seq itself. Free it with `self.preempt(victim)` and check again;
+        return False as soon as the victim is seq (it cannot run this step), True once seq's token fits."""
         # BEGIN EXERCISE 06.3: preemption — free the least important running sequence until seq fits
         while not self.block_manager.can_append(seq):
             victim = max(self.running, key=self.queue_key)

@@ -45,9 +45,6 @@ class FreeBlockQueue:
     def __iter__(self):
         return iter(self._ids)
 
-    def __contains__(self, block_id: int) -> bool:
-        return block_id in self._ids
-
     def append(self, block_id: int) -> None:
         self._ids[block_id] = None
 

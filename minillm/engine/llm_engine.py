@@ -1,8 +1,8 @@
 """LLMEngine: add requests, step the scheduler and the model runner, hand back text as it is produced."""
 import json
 import time
-from pathlib import Path
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Iterator
 
 from tqdm.auto import tqdm

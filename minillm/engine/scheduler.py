@@ -133,17 +133,20 @@ class Scheduler:
         return True
         # END EXERCISE
 
-    def preempt(self, seq: Sequence) -> None:
-        """Free seq's blocks and queue it to be recomputed from its tokens so far."""
+    def release(self, seq: Sequence) -> None:
+        """Free seq's blocks and take it out of its queue."""
         self.block_manager.deallocate(seq)
         (self.running if seq.status == SequenceStatus.RUNNING else self.waiting).remove(seq)
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free seq's blocks and queue it to be recomputed from its tokens so far."""
+        self.release(seq)
         seq.status = SequenceStatus.WAITING
         self.add(seq)
 
     def abort(self, seq: Sequence) -> None:
         """Drop an unfinished request: out of its queue, its blocks freed."""
-        self.block_manager.deallocate(seq)
-        (self.running if seq.status == SequenceStatus.RUNNING else self.waiting).remove(seq)
+        self.release(seq)
         seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
 
     def rollback(self, seqs: list[Sequence]) -> None:

@@ -60,9 +60,9 @@ class TorchAttentionBackend:
 ATTENTION_BACKENDS = {"torch": TorchAttentionBackend}
 
 
-def select_attention_backend(name: str = "auto", device: torch.device | str = "cpu"):
-    """The one place an attention backend is chosen: "auto" takes the fastest one for the device
-    (today the torch reference everywhere), or name one of ATTENTION_BACKENDS."""
+def select_attention_backend(name: str = "auto"):
+    """The one place an attention backend is chosen: "auto" takes the fastest one (today the torch reference
+    on every device; chapter 09 picks Triton on CUDA), or name one of ATTENTION_BACKENDS."""
     if name == "auto":
         name = "torch"
     if name not in ATTENTION_BACKENDS:

@@ -1,6 +1,8 @@
 """The course harness: generated exercise files in sync and leak-free, stubs that fail as they should,
 solutions that pass, grading, the plug-in that runs a student's code inside minillm, and `show`."""
+import ast
 import importlib.util
+import inspect
 import re
 import subprocess
 import sys
@@ -16,6 +18,42 @@ from minillm.course.grade import Result, scoreboard
 from minillm.course.markers import MarkerError, find_exercises, scan_file
 
 EXERCISES = find_exercises()
+
+
+def asserted_attributes() -> dict[str, set[str]]:
+    """Per exercise, the attribute names its tests assert on (`seq.num_cached_tokens` → num_cached_tokens),
+    less torch's and str's own (shape, dtype, tolist, join) and the exercise functions' names."""
+    generic = set(dir(torch)) | set(dir(torch.Tensor)) | set(dir(str)) | {e.qualname.split(".")[-1] for e in EXERCISES}
+    found: dict[str, set[str]] = {e.id: set() for e in EXERCISES}
+    for path in (ROOT / "tests" / "exercises").glob("test_*.py"):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            ids = [d.args[0].value for d in getattr(fn, "decorator_list", []) if isinstance(d, ast.Call)
+                   and getattr(d.func, "attr", "") == "exercise"]
+            for node in (n for n in ast.walk(fn) if ids and isinstance(n, ast.Assert)):
+                for a in (a for a in ast.walk(node.test) if isinstance(a, ast.Attribute) and a.attr not in generic):
+                    for id in ids:
+                        found[id].add(a.attr)
+    return found
+
+
+@pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: e.id)
+def test_the_stub_docstring_names_everything_its_tests_assert_on(exercise):
+    """The stub is the whole spec: each attribute a test checks (say num_cached_tokens for 05.4) is named in it."""
+    stub = load_impl_module(exercise_file("exercises", exercise.chapter))
+    obj = stub
+    for part in exercise.qualname.split("."):
+        obj = getattr(obj, part)
+    doc = inspect.getdoc(obj) or ""
+    assert len(doc.split()) >= 40, f"{exercise.id}: {exercise.qualname}'s docstring is too short to be a spec"
+    missing = sorted(a for a in asserted_attributes()[exercise.id] if a not in doc)
+    assert not missing, f"{exercise.id}: the tests check {missing}, which {exercise.qualname}'s docstring never names"
+
+
+def load_impl_module(path):
+    spec = importlib.util.spec_from_file_location(f"_stub_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_generated_files_are_up_to_date():

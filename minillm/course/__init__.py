@@ -13,6 +13,9 @@ replaced by `raise NotImplementedError`) and solutions/exNN_<topic>.py (the bodi
     use_impl("exercises", "03.1")    run minillm with your code for exercise 03.1 in place of the reference
     load_impl("exercises", "03")     your exercises/ex03_transformer.py, freshly loaded
     check_environment()              chapter 00: versions, device and the default model
+    Hints("05.4")                    the three hints of an exercise, folded, to open one at a time
+    engine_map("05")                 the "you are here" map of the engine, chapter 05 highlighted
+    interact(draw, temperature=...)  ipywidgets controls over a drawing that also renders headless
 
 The course folders (exercises/, solutions/, notebooks/, tests/) are found from the working directory, so
 minillm may be installed editable or not; `course_root()` says where they are (see minillm.course.root).
@@ -56,8 +59,11 @@ def __getattr__(name: str):
 
 
 from minillm.course.env_check import check_environment  # noqa: E402
+from minillm.course.figures import engine_map  # noqa: E402
+from minillm.course.hints import Hints  # noqa: E402
 from minillm.course.impl import load_impl, use_impl  # noqa: E402
 from minillm.course.show import show  # noqa: E402
+from minillm.course.widgets import interact  # noqa: E402
 
-__all__ = ["CHAPTERS", "CourseNotFound", "check_environment", "course_root", "exercise_file", "load_impl",
-           "notebook_file", "show", "use_impl"]
+__all__ = ["CHAPTERS", "CourseNotFound", "Hints", "check_environment", "course_root", "engine_map",
+           "exercise_file", "interact", "load_impl", "notebook_file", "show", "use_impl"]

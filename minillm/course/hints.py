@@ -3,6 +3,7 @@
 Level 1 names the approach, level 2 the key operation, level 3 the shapes and the pitfalls the tests check.
 None of them is code: they name functions, attributes and shapes, and leave the writing to you.
 """
+import html
 import textwrap
 from pathlib import Path
 
@@ -165,12 +166,12 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "`seq.num_computed_tokens` to 0.",
     ),
     "06.1": (
-        "Work on each row sorted from most to least likely: there, top-k drops ranks ≥ k and top-p drops a "
-        "token once the tokens ranked above it already hold probability p. Set those to -inf, then put the "
-        "row back in its original order.",
-        "`sort(dim=-1, descending=True)` gives the sorted logits and the permutation; softmax the sorted row "
-        "and take its `cumsum`; build a boolean drop mask, `masked_fill` it with -inf, and undo the sort with "
-        "`scatter` along the last dimension using the permutation.",
+        "Work on each row sorted from most to least likely: there, top-k drops ranks ≥ k; then, on what is "
+        "left, top-p drops a token once the tokens ranked above it already hold probability p. Set those to "
+        "-inf, then put the row back in its original order.",
+        "`sort(dim=-1, descending=True)` gives the sorted logits and the permutation; `masked_fill` ranks ≥ k "
+        "with -inf first, so that the softmax of the sorted row is renormalised over the survivors; take its "
+        "`cumsum`, mask again, and undo the sort with `scatter` along the last dimension using the permutation.",
         "top_k and top_p are [B]: index them with [:, None] to broadcast over the vocabulary, and read k = 0 "
         "as 'keep all' (`torch.where`). Use the probability strictly above each token (cumsum minus its own), "
         "so the token that crosses p stays and the top token always survives. Kept logits come back "
@@ -242,3 +243,20 @@ def hint(which: str, level: int = 1) -> str:
                      f"{exercise_file('exercises', id[:2], Path()).as_posix()}; "
                      f"`python -m minillm.course grade {id}` names the first failing test.")
     return "\n".join(lines)
+
+
+class Hints:
+    """The three hints of one exercise as folded sections (HTML <details>) for a notebook: open one at a time."""
+
+    def __init__(self, which: str):
+        self.id = canonical_id(which)
+        hint(self.id)  # the same checks and errors as the command line
+        self.texts = HINTS[self.id]
+
+    def __repr__(self) -> str:
+        return f"Hints for exercise {self.id}: python -m minillm.course hint {self.id} --level 1 (then 2, 3)"
+
+    def _repr_html_(self) -> str:
+        folds = "".join(f"<details><summary>Hint {n} of {len(LEVELS)} for {self.id}: {LEVELS[n - 1]}</summary>"
+                        f"<p>{html.escape(text)}</p></details>" for n, text in enumerate(self.texts, 1))
+        return f"<div>{folds}</div>"

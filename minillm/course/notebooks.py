@@ -16,6 +16,8 @@ from minillm.course.root import ENV, course_root
 
 TIME_LIMIT_S = 600  # per notebook; the course promises a few minutes each on a 2-core CPU
 KERNEL = "python3"  # ipykernel's kernel for the running interpreter
+# What a saved notebook asks JupyterLab for: the kernel `make setup` installs into .venv (the README's name).
+KERNELSPEC = {"name": "minillm", "display_name": "Python (minillm)", "language": "python"}
 
 
 def find_notebooks(chapters: list[str] = ()) -> list[Path]:
@@ -52,6 +54,7 @@ def run(chapters: list[str] = (), inplace: bool = False) -> int:
             print(f"FAILED {path.relative_to(root)} after {time.monotonic() - start:.0f} s:\n{e}\n")
             continue
         if inplace:
+            nb.metadata.kernelspec = KERNELSPEC
             nbformat.write(nb, path)
         print(f"ok     {path.relative_to(root)} ({time.monotonic() - start:.0f} s{', saved' if inplace else ''})")
     return 1 if failed else 0

@@ -8,16 +8,30 @@ from minillm.sampling_params import SamplingParams
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Mask to -inf every token outside the top_k most likely (0 = keep all) and outside the smallest set
-    whose probability reaches top_p (1 = keep all). logits [B, V]; top_k, top_p [B]."""
-    # BEGIN EXERCISE 06.1: top-k / top-p — sort each row, drop ranks past k and tokens past cumulative probability p
+    """Mask to -inf every token of a row outside its top-k, then outside the top-p nucleus of what is left.
+
+    logits [B, V] (float); top_k [B] (long, 0 = keep all V); top_p [B] (float in (0, 1], 1 = keep all).
+    Returns a new [B, V] tensor: kept tokens keep their logit exactly, dropped ones are -inf; `logits` is
+    not modified. Top-k first: keep the k largest logits of the row. Top-p then works on the distribution
+    renormalised over those k (softmax of the survivors, as vLLM and transformers do): going down the
+    ranks, keep a token while the probability of the tokens ranked above it is below p. So the most likely
+    token always survives, and the kept set is the smallest whose probability reaches p. Ties in the
+    logits may be broken in any order.
+
+    Example: one row with probabilities [0.30, 0.25, 0.20, 0.15, 0.10], top_k=3, top_p=0.6. Top-k keeps
+    ranks 0-2; renormalised they are [0.40, 0.33, 0.27]; the probability above each is [0, 0.40, 0.73], so
+    top-p keeps ranks 0 and 1 → [l0, l1, -inf, -inf, -inf]. (On the full distribution, [0, 0.30, 0.55]
+    would have kept three: the order matters.)
+    """
+    # BEGIN EXERCISE 06.1: top-k / top-p — sort each row, drop ranks past k, then tokens past cumulative probability p
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     rank = torch.arange(logits.shape[-1], device=logits.device)
     k = torch.where(top_k > 0, top_k, logits.shape[-1])
-    probs = sorted_logits.softmax(dim=-1)
+    sorted_logits = sorted_logits.masked_fill(rank >= k[:, None], float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)  # renormalised over the top-k survivors
     before = probs.cumsum(dim=-1) - probs  # probability of the tokens ranked above this one
-    drop = (rank >= k[:, None]) | (before >= top_p[:, None])
-    return logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    sorted_logits = sorted_logits.masked_fill(before >= top_p[:, None], float("-inf"))
+    return logits.scatter(-1, order, sorted_logits)
     # END EXERCISE
 
 

@@ -21,15 +21,15 @@ from minillm.naive import generate_naive
 
 
 def keep_top(logits, k, p):
-    """Which tokens survive top-k then top-p, one row at a time, written as plainly as possible."""
-    order = sorted(range(len(logits)), key=lambda i: -logits[i])
-    probs = torch.softmax(logits, -1)
+    """Which tokens survive top-k then top-p (on the top-k renormalised), one row at a time, written plainly."""
+    order = sorted(range(len(logits)), key=lambda i: -logits[i])[:k or len(logits)]
+    probs = torch.softmax(logits[order], -1)  # renormalised over the top-k
     kept, total = set(), 0.0
     for rank, i in enumerate(order):
-        if (k and rank >= k) or total >= p:
+        if total >= p:
             break
         kept.add(i)
-        total += float(probs[i])
+        total += float(probs[rank])
     return kept
 
 
@@ -43,6 +43,16 @@ def test_top_k_top_p_masks_exactly_the_truncated_tokens(impl):
         kept = {i for i in range(50) if out[row, i] > float("-inf")}
         assert kept == keep_top(logits[row], int(top_k[row]), float(top_p[row])), f"row {row}"
         assert torch.equal(out[row, sorted(kept)], logits[row, sorted(kept)]), "kept logits stay as they were"
+
+
+@pytest.mark.exercise("06.1")
+def test_top_p_applies_to_the_top_k_renormalised(impl):
+    """The docstring's example: top-p over the full distribution would keep three tokens, not two."""
+    logits = torch.tensor([[0.30, 0.25, 0.20, 0.15, 0.10]]).log()
+    out = impl.apply_top_k_top_p(logits, torch.tensor([3]), torch.tensor([0.6]))
+    assert torch.isfinite(out[0]).tolist() == [True, True, False, False, False], (
+        "top-k first, then top-p on the k survivors' renormalised probabilities")
+    assert torch.equal(logits, torch.tensor([[0.30, 0.25, 0.20, 0.15, 0.10]]).log()), "logits must not be modified"
 
 
 def scheduler(num_blocks=16, block_size=4, **config):

@@ -71,19 +71,31 @@ class Scheduler:
             self.preempt(victim)
 
     def schedule_prefill(self) -> list[Sequence]:
-        """The sequences admitted for a prefill step, each with `num_scheduled_tokens` set ([] if none).
+        """The sequences admitted for a prefill step, in order, each with `num_scheduled_tokens` set ([] if none).
 
-        While sequences wait, fewer than max_num_seqs run, and token budget is left (max_num_batched_tokens
-        to start with), look at the first waiting sequence. If it has no blocks yet: stop if
-        `self.block_manager.can_allocate(seq)` is False; else `allocate` it and set `seq.num_computed_tokens`
-        to its cached tokens, at most len(seq) - 1 (the last token is always computed: its logits give the
-        next token). Schedule min(tokens still to compute, budget) tokens, take them from the budget, and make
-        the blocks this step fills findable: `self.block_manager.cache_blocks(seq, num_computed_tokens +
-        num_scheduled_tokens)`. If that does not reach the end (`seq.samples_this_step` is False) it is a chunk
-        of a long prompt: stop there, the sequence stays first in `waiting` with its blocks. Otherwise move it
-        from `waiting` (popleft) to `running`, status RUNNING.
-        Example: max_num_seqs 2, prompts of 10, 11 and 12 tokens: the first two are admitted, the third waits;
-        with a budget of 8, a 20-token prompt is prefilled in chunks of 8, 8 and 4.
+        Loop while `self.waiting` is not empty, fewer than `self.max_num_seqs` sequences are in `self.running`
+        (a free seat), and token budget is left (it starts at `self.max_num_batched_tokens` each step). Always
+        look at the head, `seq = self.waiting[0]`; never skip it, so nobody overtakes a request that waits.
+        1. If `seq.block_table` is empty (new, or preempted), it needs blocks: stop the loop if
+           `self.block_manager.can_allocate(seq)` is False (the cache is full: it stays first in waiting, with
+           no block_table). Otherwise `self.block_manager.allocate(seq)` (this sets `seq.num_cached_tokens`,
+           the prefix-cache hit) and start `seq.num_computed_tokens` there, but at most `len(seq) - 1`: the
+           last token is always computed, as its logits give the next token. A head that already has a
+           block_table is a long prompt part-way through its chunks: do not allocate it again.
+        2. Schedule `seq.num_scheduled_tokens = min(len(seq) - seq.num_computed_tokens, budget)` and take
+           them off the budget. Make the blocks this step fills findable by their hash:
+           `self.block_manager.cache_blocks(seq, seq.num_computed_tokens + seq.num_scheduled_tokens)`.
+        3. Add seq to the returned list. If the step does not reach its end (`seq.samples_this_step` is
+           False), it is a chunk: stop the loop; seq stays first in `waiting` with its blocks and continues
+           next step. Otherwise move it from `waiting` (popleft) to the end of `running` and set `seq.status`
+           to SequenceStatus.RUNNING.
+        Do not touch `num_computed_tokens` after scheduling: `postprocess` advances it once the step ran.
+
+        Examples (blocks of 4 tokens): with max_num_seqs=2 and prompts of 10, 11 and 12 tokens, one step
+        admits the first two (both RUNNING, each with a block_table) and the third stays in waiting. With a
+        budget of 8, a 20-token prompt is scheduled as 8, 8 and 4 over three steps (only the last samples).
+        With 3 free blocks, prompts of 8 and 8 tokens: the first takes 2 blocks and runs; the second cannot be
+        allocated, so the step returns only the first and the second waits with an empty block_table.
         """
         # BEGIN EXERCISE 06.2: prefill selection — admit waiting sequences under the sequence, token and block budgets
         scheduled, budget = [], self.max_num_batched_tokens
@@ -118,12 +130,26 @@ class Scheduler:
         return [seq for seq in scheduled if seq.status == SequenceStatus.RUNNING]  # a victim may be among them
 
     def make_room(self, seq: Sequence) -> bool:
-        """Preempt running sequences until seq's next token has a cache slot; False if seq itself had to go.
+        """Preempt running sequences until seq's next token has a cache slot. Returns True if seq can run this
+        step, False if seq itself was preempted.
 
-        The victim is the running sequence that the waiting order puts last (`queue_key`): the latest arrival
-        under FCFS; the lowest priority, then the latest arrival, under the priority policy. It may be one
-        already scheduled in this step, or seq itself. Free it with `self.preempt(victim)` and check again;
-        return False as soon as the victim is seq (it cannot run this step), True once seq's token fits."""
+        seq is a RUNNING sequence about to decode one token (`schedule_decode` calls this for each running
+        sequence in turn); a new block is needed every block_size tokens. Loop while
+        `self.block_manager.can_append(seq)` is False: pick the victim, the running sequence that the waiting
+        order puts last, `max(self.running, key=self.queue_key)`: the latest arrival under FCFS; the lowest
+        priority, then the latest arrival, under the priority policy. Every sequence in `self.running` is a
+        candidate, one already scheduled in this step and seq itself included. Call `self.preempt(victim)`:
+        it frees the victim's blocks (its block_table becomes []), sets its status to
+        SequenceStatus.WAITING and puts it back in `self.waiting` in queue order, to be recomputed later. If
+        the victim is seq (compare with `is`), return False at once; otherwise check again. Return True once
+        can_append says yes (at once if a block is free or seq's last block has room).
+
+        Example (priority policy, 3 blocks of 2 tokens): `low` (priority 0) and `high` (priority 5), prompts
+        of 2 tokens, are prefilled and each sampled a token (1 block each, 3 tokens each). Decoding needs a
+        second block for both, but 1 is free: `high` gets it; for `low`, the victim is `low` itself, so low
+        is WAITING, first in waiting, with an empty block_table, and make_room(low) returns False; high stays
+        RUNNING with 2 blocks in its block_table.
+        """
         # BEGIN EXERCISE 06.3: preemption — free the least important running sequence until seq fits
         while not self.block_manager.can_append(seq):
             victim = max(self.running, key=self.queue_key)
@@ -159,8 +185,28 @@ class Scheduler:
                 self.preempt(seq)
 
     def postprocess(self, seqs: list[Sequence], token_ids: list[int | None]) -> list[Sequence]:
-        """Record the step: advance computed tokens, append sampled tokens, finish and free. Returns the
-        sequences that got a new token."""
+        """Record a step that ran: `seqs` are the sequences it computed and `token_ids[i]` is the token sampled
+        for `seqs[i]` (an int), or None for a prefill chunk that did not reach the end of its prompt. Returns
+        the sequences that got a new token, in order.
+
+        For each sequence and its token, in order:
+        1. advance `seq.num_computed_tokens` by `seq.num_scheduled_tokens` (the keys and values of those
+           tokens are now in the cache), for every sequence, chunks included;
+        2. if the token is None, nothing more: the chunk keeps its blocks and stays where it is;
+        3. otherwise append the token to `seq.token_ids` (so it shows in `seq.completion_token_ids`) and add
+           seq to the returned list;
+        4. set `seq.finish_reason = finish_reason(seq, self.eos_token_ids)`: "stop" (an EOS token unless
+           sampling_params.ignore_eos, or one of stop_token_ids), "length" (max_tokens reached), or None.
+           If it is not None the sequence is done: status SequenceStatus.FINISHED, its blocks given back with
+           `self.block_manager.deallocate(seq)` (its block_table becomes []), and removed from
+           `self.running`. That free seat is what the next step refills.
+
+        Example, EOS id 0: three sequences scheduled together, prompts [1, 2], [3] with max_tokens=1, and
+        [5, 6, 7] cut to a 2-token chunk, with token_ids [0, 9, None]: the first finishes with "stop" and
+        completion_token_ids [0], block_table []; the second with "length" and [9]; the third gets no token,
+        has num_computed_tokens 2, finish_reason None, and is the only one left in running.
+        Returns the first two.
+        """
         # BEGIN EXERCISE 06.4: postprocess — append each sampled token, finish on EOS / stop token / max_tokens, free
         updated = []
         for seq, token in zip(seqs, token_ids):

@@ -10,7 +10,21 @@ import torch.nn.functional as F
 
 # minillm/layers/rms_norm.py
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Return x / sqrt(mean(x²) + eps) * weight, computed in fp32 and cast back to x's dtype."""
+    """Normalise every vector of x to root mean square 1 along the last dimension, then scale it by weight.
+
+    x is [..., hidden] in any float dtype (fp32, fp16, bf16); weight is [hidden], one learned scale per
+    channel; eps is a small float (1e-6 in Qwen3). Returns a tensor of x's shape and x's dtype:
+
+        out = x / sqrt(mean(x², over the last dimension) + eps) * weight
+
+    Each vector (each token, or each head of each token when x is [tokens, heads, head_dim]) is normalised on
+    its own. Square and average in float32 even when x is 16-bit (in fp16, 300² overflows to inf), cast the
+    normalised x back to x's dtype, then multiply by weight. eps goes inside the square root: a zero vector
+    comes out zero, not NaN, and a large eps visibly shrinks small vectors (a test uses eps = 0.5). The tests
+    compare with torch's F.rms_norm.
+
+    Example: x = [3, 4], weight = [1, 2], eps = 0: mean(x²) = 12.5, the RMS is 3.536, out = [0.849, 2.263].
+    """
     # BEGIN EXERCISE 03.1: RMSNorm — divide by the root mean square of the last dimension, then scale by weight
     dtype = x.dtype
     x = x.float()
@@ -21,7 +35,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 # minillm/layers/rotary.py
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [tokens, heads, head_dim] by the per-token angles whose cos/sin are [tokens, head_dim/2]."""
+    """Rotate each channel pair of every head of x by its token's angle (RoPE); return the rotated x.
+
+    x is [tokens, heads, head_dim] (queries or keys); cos and sin are [tokens, head_dim/2]: row t holds the
+    cosine and sine of token t's angle for each pair i (position · inv_freq[i]), the same for every head.
+    Channel i pairs with channel i + head_dim/2, so the pairs are (x1[i], x2[i]) for the first half x1 and
+    the second half x2 of the last dimension (not even and odd channels). Pair i, a point in the plane, is
+    rotated by its angle a:
+
+        x1'[i] = x1[i]·cos a − x2[i]·sin a,    x2'[i] = x2[i]·cos a + x1[i]·sin a
+
+    Returns [tokens, heads, head_dim] with x1' in the first half and x2' in the second, in x's dtype (compute
+    in float32; bf16 in gives bf16 out). At angle 0 (cos 1, sin 0) x comes back unchanged. The tests compare
+    with the same rotation written as a product of complex numbers, and check that the dot product of a
+    rotated query and key depends only on the distance between their positions.
+
+    Example: head_dim 2, x = [[[1, 0]]], cos = [[0]], sin = [[1]] (a quarter turn): out = [[[0, 1]]].
+    """
     # BEGIN EXERCISE 03.2: rotary embedding — rotate each pair (x1[i], x2[i]) of the two halves by the token's angle
     x1, x2 = x.float().chunk(2, dim=-1)
     cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
@@ -33,8 +63,23 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """Causal grouped-query attention over one sequence.
 
-    q is [tokens, num_heads, head_dim]; k and v are [tokens, num_kv_heads, head_dim], each KV head shared by
-    num_heads / num_kv_heads query heads. Returns [tokens, num_heads, head_dim].
+    q is [tokens, num_heads, head_dim]; k and v are [tokens, num_kv_heads, head_dim], where num_heads is a
+    multiple of num_kv_heads and each KV head is shared by group = num_heads / num_kv_heads consecutive query
+    heads: query head h reads KV head h // group (with 8 query heads and 2 KV heads, heads 0-3 read KV head 0
+    and heads 4-7 read KV head 1). scale is a float, usually head_dim ** -0.5. For every query head h and
+    query position t, over the key positions s:
+
+        score(t, s) = scale · (q[t, h] · k[s, h // group])     and −inf where s > t (a future token)
+        p(t, s)     = softmax over s of score(t, s)             (each row sums to 1)
+        out[t, h]   = Σ_s p(t, s) · v[s, h // group]
+
+    Returns [tokens, num_heads, head_dim] in q's dtype; compute in float32. Output t must not depend on any
+    later token (a test changes the last keys and values and checks that earlier outputs stay the same). The
+    tests compare with torch's scaled_dot_product_attention(is_causal=True) for one token, num_kv_heads ==
+    num_heads (MHA), GQA, and a single KV head (MQA).
+
+    Example: one head, head_dim 1, scale 1, q = k = [[[1]], [[1]]], v = [[[2]], [[4]]]: token 0 sees only
+    itself, out 2; token 1 weighs both keys equally (scores 1 and 1), out 3.
     """
     # BEGIN EXERCISE 03.3: causal GQA attention — share KV heads, scale scores, mask the future, softmax, weight V
     group = q.shape[1] // k.shape[1]
@@ -49,7 +94,16 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 
 # minillm/layers/activation.py
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """Split the last dimension into [gate, up] halves and return silu(gate) * up."""
+    """SwiGLU's activation: split x's last dimension into [gate | up] halves and return silu(gate) * up.
+
+    x is [..., 2·n], the output of gate_up_proj, with any number of leading dimensions: its first n channels
+    are the gate projection (shard 0), the last n the up projection (shard 1). Returns [..., n] in x's dtype
+    (bf16 in gives bf16 out), where silu(g) = g · sigmoid(g) = g / (1 + e^(−g)) is applied to the gate half
+    only and multiplied by the up half channel by channel. n may be odd (14 channels give 7).
+
+    Example: x = [−2, 0, 3, 5, 7, −1] is gate [−2, 0, 3] and up [5, 7, −1]; silu(gate) = [−0.238, 0, 2.858],
+    so the output is [−1.192, 0, −2.858].
+    """
     # BEGIN EXERCISE 03.4: SwiGLU activation — split into gate and up halves, return silu(gate) * up
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up

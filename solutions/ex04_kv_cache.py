@@ -11,7 +11,20 @@ from minillm.config import ModelConfig
 
 # minillm/engine/kv_cache.py
 def kv_cache_bytes_per_token(config: ModelConfig, dtype: torch.dtype = torch.float32) -> int:
-    """Every layer keeps a key and a value vector per KV head for each token: 2·layers·kv_heads·head_dim·bytes."""
+    """Bytes of KV cache one token takes in the whole model: each layer keeps a key and a value per KV head.
+
+    config is a ModelConfig: read config.num_hidden_layers, config.num_key_value_heads and config.head_dim.
+    dtype is the cache's torch dtype, which sets the bytes per number (4 for torch.float32, 2 for
+    torch.bfloat16 and torch.float16). Returns a Python int:
+
+        2 (a key and a value) × num_hidden_layers × num_key_value_heads × head_dim × bytes per number
+
+    Count the KV heads, not num_attention_heads: under grouped-query attention only the KV heads are cached.
+    The tests check Qwen3-0.6B (28 layers, 8 KV heads, head_dim 128) in bf16, 114,688 bytes; Llama-3-8B
+    (32, 8, 128) in bf16, 131,072; a tiny model (2, 1, 16) in fp32, 256.
+
+    Example: the course's default model (4 layers, 2 KV heads, head_dim 32) in fp32: 2·4·2·32·4 = 2,048 bytes.
+    """
     # BEGIN EXERCISE 04.1: KV-cache bytes per token — keys and values, every layer, every KV head
     itemsize = torch.empty((), dtype=dtype).element_size()
     return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * itemsize
@@ -23,7 +36,18 @@ def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cac
                   slot_mapping: torch.Tensor) -> None:
     """Write each token's key and value [tokens, kv_heads, head_dim] into its slot; slot -1 means skip.
 
-    Slot s is row s of the cache seen as [num_blocks * block_size, kv_heads, head_dim].
+    k, v: [num_tokens, kv_heads, head_dim], the keys and values this step computed.
+    k_cache, v_cache: one layer's cache, [num_blocks, block_size, kv_heads, head_dim], updated in place
+    (nothing is returned): write into these tensors themselves, not into a copy.
+    slot_mapping: integer tensor [num_tokens]; slot_mapping[t] is token t's slot, or -1.
+    Slot s is row s of the cache seen as [num_blocks * block_size, kv_heads, head_dim]: block
+    s // block_size, offset s % block_size. Slots come in any order. A token whose slot is -1 is skipped
+    (its key is already cached, say in a shared prefix block, or the row is padding): nothing of the cache
+    changes for it, and -1 must not be used as an index, since it would name the last slot. Every slot not
+    listed keeps its old contents.
+
+    Example, block_size 4, slot_mapping [0, 7, 3, -1, 12]: token 0 goes to block 0 offset 0, token 1 to
+    block 1 offset 3, token 2 to block 0 offset 3, token 3 nowhere, token 4 to block 3 offset 0.
     """
     # BEGIN EXERCISE 04.2: append to the cache — copy each token's key and value into its slot, skipping slot -1
     keep = slot_mapping >= 0

@@ -8,7 +8,20 @@ from minillm.layers.attention import Attention
 
 
 def kv_cache_bytes_per_token(config: ModelConfig, dtype: torch.dtype = torch.float32) -> int:
-    """Every layer keeps a key and a value vector per KV head for each token: 2·layers·kv_heads·head_dim·bytes."""
+    """Bytes of KV cache one token takes in the whole model: each layer keeps a key and a value per KV head.
+
+    config is a ModelConfig: read config.num_hidden_layers, config.num_key_value_heads and config.head_dim.
+    dtype is the cache's torch dtype, which sets the bytes per number (4 for torch.float32, 2 for
+    torch.bfloat16 and torch.float16). Returns a Python int:
+
+        2 (a key and a value) × num_hidden_layers × num_key_value_heads × head_dim × bytes per number
+
+    Count the KV heads, not num_attention_heads: under grouped-query attention only the KV heads are cached.
+    The tests check Qwen3-0.6B (28 layers, 8 KV heads, head_dim 128) in bf16, 114,688 bytes; Llama-3-8B
+    (32, 8, 128) in bf16, 131,072; a tiny model (2, 1, 16) in fp32, 256.
+
+    Example: the course's default model (4 layers, 2 KV heads, head_dim 32) in fp32: 2·4·2·32·4 = 2,048 bytes.
+    """
     # BEGIN EXERCISE 04.1: KV-cache bytes per token — keys and values, every layer, every KV head
     itemsize = torch.empty((), dtype=dtype).element_size()
     return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * itemsize

@@ -9,8 +9,23 @@ from minillm.utils.context import Context, get_context
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """Causal grouped-query attention over one sequence.
 
-    q is [tokens, num_heads, head_dim]; k and v are [tokens, num_kv_heads, head_dim], each KV head shared by
-    num_heads / num_kv_heads query heads. Returns [tokens, num_heads, head_dim].
+    q is [tokens, num_heads, head_dim]; k and v are [tokens, num_kv_heads, head_dim], where num_heads is a
+    multiple of num_kv_heads and each KV head is shared by group = num_heads / num_kv_heads consecutive query
+    heads: query head h reads KV head h // group (with 8 query heads and 2 KV heads, heads 0-3 read KV head 0
+    and heads 4-7 read KV head 1). scale is a float, usually head_dim ** -0.5. For every query head h and
+    query position t, over the key positions s:
+
+        score(t, s) = scale · (q[t, h] · k[s, h // group])     and −inf where s > t (a future token)
+        p(t, s)     = softmax over s of score(t, s)             (each row sums to 1)
+        out[t, h]   = Σ_s p(t, s) · v[s, h // group]
+
+    Returns [tokens, num_heads, head_dim] in q's dtype; compute in float32. Output t must not depend on any
+    later token (a test changes the last keys and values and checks that earlier outputs stay the same). The
+    tests compare with torch's scaled_dot_product_attention(is_causal=True) for one token, num_kv_heads ==
+    num_heads (MHA), GQA, and a single KV head (MQA).
+
+    Example: one head, head_dim 1, scale 1, q = k = [[[1]], [[1]]], v = [[[2]], [[4]]]: token 0 sees only
+    itself, out 2; token 1 weighs both keys equally (scores 1 and 1), out 3.
     """
     # BEGIN EXERCISE 03.3: causal GQA attention — share KV heads, scale scores, mask the future, softmax, weight V
     group = q.shape[1] // k.shape[1]

@@ -4,7 +4,21 @@ from torch import nn
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Return x / sqrt(mean(x²) + eps) * weight, computed in fp32 and cast back to x's dtype."""
+    """Normalise every vector of x to root mean square 1 along the last dimension, then scale it by weight.
+
+    x is [..., hidden] in any float dtype (fp32, fp16, bf16); weight is [hidden], one learned scale per
+    channel; eps is a small float (1e-6 in Qwen3). Returns a tensor of x's shape and x's dtype:
+
+        out = x / sqrt(mean(x², over the last dimension) + eps) * weight
+
+    Each vector (each token, or each head of each token when x is [tokens, heads, head_dim]) is normalised on
+    its own. Square and average in float32 even when x is 16-bit (in fp16, 300² overflows to inf), cast the
+    normalised x back to x's dtype, then multiply by weight. eps goes inside the square root: a zero vector
+    comes out zero, not NaN, and a large eps visibly shrinks small vectors (a test uses eps = 0.5). The tests
+    compare with torch's F.rms_norm.
+
+    Example: x = [3, 4], weight = [1, 2], eps = 0: mean(x²) = 12.5, the RMS is 3.536, out = [0.849, 2.263].
+    """
     # BEGIN EXERCISE 03.1: RMSNorm — divide by the root mean square of the last dimension, then scale by weight
     dtype = x.dtype
     x = x.float()

@@ -30,7 +30,23 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> t
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [tokens, heads, head_dim] by the per-token angles whose cos/sin are [tokens, head_dim/2]."""
+    """Rotate each channel pair of every head of x by its token's angle (RoPE); return the rotated x.
+
+    x is [tokens, heads, head_dim] (queries or keys); cos and sin are [tokens, head_dim/2]: row t holds the
+    cosine and sine of token t's angle for each pair i (position · inv_freq[i]), the same for every head.
+    Channel i pairs with channel i + head_dim/2, so the pairs are (x1[i], x2[i]) for the first half x1 and
+    the second half x2 of the last dimension (not even and odd channels). Pair i, a point in the plane, is
+    rotated by its angle a:
+
+        x1'[i] = x1[i]·cos a − x2[i]·sin a,    x2'[i] = x2[i]·cos a + x1[i]·sin a
+
+    Returns [tokens, heads, head_dim] with x1' in the first half and x2' in the second, in x's dtype (compute
+    in float32; bf16 in gives bf16 out). At angle 0 (cos 1, sin 0) x comes back unchanged. The tests compare
+    with the same rotation written as a product of complex numbers, and check that the dot product of a
+    rotated query and key depends only on the distance between their positions.
+
+    Example: head_dim 2, x = [[[1, 0]]], cos = [[0]], sin = [[1]] (a quarter turn): out = [[[0, 1]]].
+    """
     # BEGIN EXERCISE 03.2: rotary embedding — rotate each pair (x1[i], x2[i]) of the two halves by the token's angle
     x1, x2 = x.float().chunk(2, dim=-1)
     cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads

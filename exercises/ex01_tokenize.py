@@ -13,13 +13,26 @@ the reference lives there. `build` will not overwrite this file once you have ed
 
 # minillm/tokenizer.py
 def bpe_encode_word(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
-    """Split one pre-tokenized word into BPE tokens by replaying the learned merges.
+    """Split one pre-tokenized word into BPE tokens by replaying the learned merges, lowest rank first.
 
-    `word` is written in the byte-level alphabet of tokenizer.json (one character per byte, a leading space
-    shown as "Ġ"). Start from its single characters; then, again and again, merge the adjacent pair whose
-    merge was learned first (lowest rank), the leftmost one if it occurs twice, until no adjacent pair is in
-    `ranks`. With ranks {("h", "e"): 0, ("Ġ", "t"): 1, ("Ġt", "he"): 2}: "Ġthe" -> ["Ġ", "t", "h", "e"]
-    -> ["Ġ", "t", "he"] -> ["Ġt", "he"] -> ["Ġthe"].
+    Inputs: `word`, a str written in the byte-level alphabet of tokenizer.json (one character per byte, a
+    leading space shown as "Ġ"), and `ranks`, a dict mapping a pair of pieces (str, str) to its rank, an int
+    (0 = the merge learned first). Output: a list of str, the word's pieces in order; joined, they give `word`
+    back.
+
+    Start from the word's single characters. Then repeat: among all adjacent pairs of pieces that are in
+    `ranks`, merge the one with the lowest rank (the leftmost occurrence if that pair occurs more than once)
+    into one piece; stop when no adjacent pair is in `ranks` or one piece is left. Rank decides, not position.
+
+    Edge cases the tests check: empty `ranks` (or a word no merge touches) gives single characters; a merged
+    piece can be merged again; a repeated pair merges from the left without overlap ("aaa" with
+    {("a", "a"): 0} gives ["aa", "a"]); `ranks` must not be modified. Finally, applied to every word of the
+    shipped tokenizer's pre-tokenizer and looked up in its vocabulary, your pieces must give exactly the ids
+    of `Tokenizer.encode` (which puts <bos> in front), on stories and on unseen text.
+
+    Example, with ranks {("h", "e"): 0, ("Ġ", "t"): 1, ("Ġt", "he"): 2}: "Ġthe" -> ["Ġ", "t", "h", "e"]
+    -> ["Ġ", "t", "he"] -> ["Ġt", "he"] -> ["Ġthe"]; and with {("b", "c"): 0, ("a", "b"): 1}, "abc" gives
+    ["a", "bc"], not ["ab", "c"].
     """
     # BEGIN EXERCISE 01.1: BPE encode — from single characters, merge the lowest-ranked adjacent pair, repeat
     raise NotImplementedError(
@@ -31,12 +44,28 @@ def bpe_encode_word(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
 
 # minillm/tokenizer.py
 def detokenize_incrementally(tokenizer, ids: list[int], prefix_offset: int, read_offset: int):
-    """Text that the newest token adds, without breaking a character that spans several tokens.
+    """Text that the newest tokens add, without breaking a character that spans several tokens.
 
-    ids[:read_offset] have already been printed. Decoding only a short window, ids[prefix_offset:], keeps the
-    work constant per token; the window starts a few tokens back because a token's text can depend on the
-    one before it (a leading space, a multi-byte character). A window ending in "\ufffd" is an unfinished
-    UTF-8 character: print nothing yet. Returns (new_text, prefix_offset, read_offset).
+    Inputs: `tokenizer`, anything with a `decode(ids) -> str` method (a broken UTF-8 character decodes to
+    "\ufffd"); `ids`, the list of int token ids so far, newest last; `prefix_offset` <= `read_offset` <=
+    len(ids). ids[:read_offset] have already been printed. Output: a tuple (new_text, prefix_offset,
+    read_offset): the str to print now, and the two offsets for the next call.
+
+    Decode two windows that both start at prefix_offset: ids[prefix_offset:read_offset] (what was printed
+    last time) and ids[prefix_offset:] (the same plus the new tokens). Decoding a short window keeps the work
+    per token constant; it starts a few tokens back because a token's text can depend on the one before it
+    (a decoder may drop the leading space of a window's first token, and a byte may finish a character).
+    If the longer text is longer than the shorter one and does not end in "\ufffd", the new text is its tail
+    past the shorter text's length, and the window moves on: prefix_offset becomes the old read_offset and
+    read_offset becomes len(ids). Otherwise a character is unfinished: return "" with both offsets
+    unchanged, so its bytes are decoded again with the next token.
+
+    The tests stream text with accents and emoji through `IncrementalDetokenizer.add` with your function
+    plugged in: no piece may contain "\ufffd", and the pieces joined must equal decoding all ids at once.
+
+    Example, with a toy tokenizer whose ids decode to "Once", " upon" (alone, a window's first word loses its
+    space): ids [0, 1], offsets (0, 1) -> (" upon", 1, 2). For "a 🦊" as "a" then five byte tokens, the first
+    three ids with offsets (0, 1) -> ("", 0, 1); all six -> (" 🦊", 1, 6).
     """
     # BEGIN EXERCISE 01.2: incremental detokenization — decode the window, hold back unfinished characters
     raise NotImplementedError(
@@ -45,4 +74,4 @@ def detokenize_incrementally(tokenizer, ids: list[int], prefix_offset: int, read
     )
     # END EXERCISE
 
-# build checksum: d69fcae46a82f03f (lets `build` tell this untouched file from your edits)
+# build checksum: 67d936c8f3d568d6 (lets `build` tell this untouched file from your edits)

@@ -14,7 +14,21 @@ import torch
 
 # minillm/layers/embed_head.py
 def embed(input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Row lookup: token id t becomes weight[t] (the same as one_hot(t) @ weight, without the matmul)."""
+    """Row lookup: token id t becomes row t of the table (the same as one_hot(t) @ weight, without the matmul).
+
+    Inputs: `input_ids`, an integer tensor of any shape (a 0-d single id, [n] for a sequence, [b, n] for a
+    batch), every id in 0..vocab-1; `weight`, the embedding table, [vocab, hidden], of any float dtype.
+    Output: a tensor of shape input_ids.shape + (hidden,) whose entry [..., :] for id t is row t of `weight`,
+    in the table's own dtype (a bfloat16 table gives bfloat16 rows, exactly equal to the table's). A repeated
+    id gives the same row each time. Nothing is updated: no state, no copy of the table.
+
+    The tests compare with the slow formula one_hot(ids, vocab).float() @ weight and with F.embedding, for
+    one id, a sequence and a 2-D batch; check the dtype on a bfloat16 table; and run the story model with
+    your function plugged in (same logits, same greedy tokens).
+
+    Example: with weight = [[0., 1.], [2., 3.], [4., 5.]] (vocab 3, hidden 2), ids [2, 0, 2] give
+    [[4., 5.], [0., 1.], [4., 5.]] (shape [3, 2]), and the single id tensor(1) gives [2., 3.] (shape [2]).
+    """
     # BEGIN EXERCISE 02.1: embedding lookup — token id t becomes row t of the table, for ids of any shape
     raise NotImplementedError(
         "Exercise 02.1 (embedding lookup — token id t becomes row t of the table, for ids of any shape) is not done yet: "
@@ -25,7 +39,21 @@ def embed(input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 # minillm/layers/embed_head.py
 def lm_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Score every vocabulary entry: hidden @ weight.T, one logit per token id."""
+    """Score every vocabulary entry: one logit per token id, the dot product of `hidden` with that token's row.
+
+    Inputs: `hidden`, a float tensor [..., hidden_size] (one vector, [hidden_size]; a sequence, [n,
+    hidden_size]; a batch, [b, n, hidden_size]); `weight`, the (tied) table [vocab, hidden_size]. Output:
+    logits of shape [..., vocab]: hidden's leading dimensions stay and the last becomes the vocabulary, with
+    logits[..., t] = sum over j of hidden[..., j] * weight[t, j]. This is hidden @ weightᵀ, the same product as
+    F.linear(hidden, weight) without a bias. Nothing is updated.
+
+    The tests compare with F.linear for one vector, a sequence and a 2-D batch; with an orthonormal table,
+    embedding ids and scoring them must give their one-hot rows (each row scores 1 against itself, 0 against
+    the others); and the story model with your function plugged in must give the same logits and greedy tokens.
+
+    Example: weight = [[1., 0.], [0., 1.], [1., 1.]] (vocab 3, hidden 2) and hidden = [2., 3.] give logits
+    [2., 3., 5.] (shape [3]); a [4, 2] hidden gives [4, 3] logits.
+    """
     # BEGIN EXERCISE 02.2: LM head — one logit per vocabulary entry: hidden dotted with each row of the table
     raise NotImplementedError(
         "Exercise 02.2 (LM head — one logit per vocabulary entry: hidden dotted with each row of the table) is not done yet: "
@@ -33,4 +61,4 @@ def lm_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     )
     # END EXERCISE
 
-# build checksum: 4db766a5b8b12648 (lets `build` tell this untouched file from your edits)
+# build checksum: 3070a64480be9ccf (lets `build` tell this untouched file from your edits)

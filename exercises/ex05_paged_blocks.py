@@ -21,7 +21,22 @@ from minillm.layers.paged_attention import gather_kv
 
 # minillm/layers/paged_attention.py
 def slot_mapping_for(block_table: list[int], start: int, end: int, block_size: int) -> list[int]:
-    """Cache slots of a sequence's tokens start..end-1, given the blocks it owns."""
+    """Cache slots of a sequence's tokens start..end-1, given the blocks it owns.
+
+    Position pos lives in the sequence's logical block pos // block_size, at offset pos % block_size inside
+    it, and `block_table[i]` is the physical block that holds logical block i. Its slot, the row of the
+    cache seen as [num_blocks * block_size, kv_heads, head_dim], is that physical block's number times
+    block_size, plus the offset.
+
+    block_table: list[int], the sequence's physical block ids in order (it covers position end - 1).
+    start, end: positions, end exclusive; start may fall inside a block (a decode step asks for the one
+    slot of its newest token: start = len - 1, end = len).
+    block_size: tokens per block.
+    Returns a list of end - start plain ints, the slot of each position start, ..., end - 1 in order.
+
+    Example, block_size 4 and block_table [7, 2, 5]: positions 0..9 are in slots
+    [28, 29, 30, 31, 8, 9, 10, 11, 20, 21]; positions 6..8 alone give [10, 11, 20].
+    """
     # BEGIN EXERCISE 05.1: slot mapping — the flat cache slot of each token position
     raise NotImplementedError(
         "Exercise 05.1 (slot mapping — the flat cache slot of each token position) is not done yet: "
@@ -33,7 +48,27 @@ def slot_mapping_for(block_table: list[int], start: int, end: int, block_size: i
 # minillm/layers/paged_attention.py
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """One new query per sequence, q [num_seqs, heads, head_dim], attending to its context in the paged cache."""
+    """One new query per sequence, q [num_seqs, heads, head_dim], attending to its context in the paged cache.
+
+    q: [num_seqs, heads, head_dim], the query of each sequence's newest token.
+    k_cache, v_cache: one layer's cache, [num_blocks, block_size, kv_heads, head_dim]. heads is a multiple
+    of kv_heads: query head h reads KV head h // (heads // kv_heads) (grouped-query attention; MHA when
+    they are equal).
+    block_tables: integer tensor [num_seqs, max_blocks]; row i lists sequence i's physical blocks in
+    order, padded at the end with -1.
+    context_lens: integer tensor [num_seqs], the number of keys of sequence i (the newest token's key is
+    already stored). Its key j is in block block_tables[i, j // block_size] at offset j % block_size.
+    scale: the factor on the scores (head_dim ** -0.5 in the model).
+    Returns [num_seqs, heads, head_dim]: for each sequence and head, softmax(scale * q . k_j) weighted
+    sum of v_j over j = 0 .. context_lens[i] - 1, exactly what attention over that sequence's keys copied
+    out contiguously gives. No causal mask is needed (the query is the last position), but positions at
+    or past context_lens[i] get no weight: the unwritten end of the last block, and the -1 padding (which
+    `gather_kv` reads as block 0). The cache is only read.
+
+    Example, block_size 4, block_tables [[5, 1, 8]], context_lens [9]: the keys are block 5's four, block
+    1's four and the first of block 8; the other three slots of block 8 are masked. The tests compare with
+    ordinary attention for MHA (4 heads, 4 KV heads) and GQA (8 heads, 2 KV heads), lengths 1, 6 and 9.
+    """
     # BEGIN EXERCISE 05.2: paged decode attention — gather each sequence's keys/values by its block table, mask past its length
     raise NotImplementedError(
         "Exercise 05.2 (paged decode attention — gather each sequence's keys/values by its block table, mask past its length) is not done yet: "
@@ -44,7 +79,22 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 # minillm/engine/block_manager.py
 def compute_block_hash(token_ids: list[int], prefix_hash: int) -> int:
-    """A 64-bit hash of one full block's tokens, chained with the previous block's hash (-1 for the first)."""
+    """A 64-bit hash of one full block's tokens, chained with the previous block's hash (-1 for the first).
+
+    token_ids: list[int], the block_size tokens of one full block.
+    prefix_hash: int, what this function returned for the block before it in the sequence, or -1 for a
+    sequence's first block.
+    Returns a Python int within 64 bits, signed (-2**63 <= h < 2**63), so that it goes back in as the next
+    block's prefix_hash the same way as -1 does. It must be deterministic: the same tokens after the same
+    prefix_hash give the same value in every process and every run, so use hashlib (Python's own hash() of
+    str and bytes is salted per process). It must differ when the tokens, their order or the prefix_hash
+    differ (up to a negligible chance of collision, which `allocate` guards against): since the
+    prefix_hash goes in, equal hashes mean equal whole prefixes, not only equal blocks.
+
+    Example: h1 = compute_block_hash([1, 2, 3, 4], -1) names that block at the start of a sequence;
+    compute_block_hash([5, 6, 7, 8], h1), the block [5, 6, 7, 8] right after it, differs from
+    compute_block_hash([5, 6, 7, 8], -1); and compute_block_hash([1, 2, 4, 3], -1) != h1.
+    """
     # BEGIN EXERCISE 05.3: chained block hash — hash the previous block's hash together with this block's tokens
     raise NotImplementedError(
         "Exercise 05.3 (chained block hash — hash the previous block's hash together with this block's tokens) is not done yet: "
@@ -80,13 +130,21 @@ class BlockManager(minillm.engine.block_manager.BlockManager):
         # END EXERCISE
 
     def deallocate(self, seq: Sequence) -> None:
-        """Release seq's blocks. Each block's `ref_count` drops by one; a block nobody uses any more (0) leaves
-        `used_block_ids` and is appended to `free_block_ids`, keeping its hash and tokens so that a later
-        identical prefix can revive it. Go from the table's last block to its first: free blocks are reused
-        oldest first, so a prefix's early blocks, the most shared, stay cached longest. Afterwards
+        """Release seq's blocks: it finished, or was preempted (chapter 06).
+
+        For each block id in `seq.block_table`, from the table's last block to its first, the block's
+        `ref_count` drops by one. A block nobody uses any more (0) leaves `used_block_ids` and is appended to
+        `free_block_ids` (so `num_free_blocks` grows by one), keeping its `hash` and `token_ids`: a later
+        identical prefix can then revive it in `allocate` and count it in its `num_cached_tokens`. A block
+        another sequence still uses (ref_count above 0) stays in use. Why last to first: free blocks are
+        reused oldest first, so a prefix's early blocks, the most shared, stay cached longest. Afterwards
         `seq.block_table` is empty and `seq.num_computed_tokens` is 0 (none of its tokens are in the cache).
-        Example: a block shared by two sequences (ref_count 2) stays in use when the first is freed and
-        goes to the free list when the second is."""
+
+        Example, a pool of 6 blocks of 4: a (tokens 0..7) holds blocks [0, 1]; b (tokens 0..7, then 1)
+        shares them: [0, 1, 2], ref counts 2, 2, 1. Freeing a leaves blocks 0 and 1 in use with ref_count 1,
+        and num_free_blocks at 3. Freeing b then frees blocks 2, 1, 0 in that order: num_free_blocks 6,
+        used_block_ids empty. A new sequence of tokens 0..7, then 3, revives blocks [0, 1]: its
+        num_cached_tokens is 8."""
         # BEGIN EXERCISE 05.5: free with reference counts — decrement, and free blocks nobody uses
         raise NotImplementedError(
             "Exercise 05.5 (free with reference counts — decrement, and free blocks nobody uses) is not done yet: "
@@ -94,4 +152,4 @@ class BlockManager(minillm.engine.block_manager.BlockManager):
         )
         # END EXERCISE
 
-# build checksum: ead6d3c417a24691 (lets `build` tell this untouched file from your edits)
+# build checksum: 8632c3625c7ab932 (lets `build` tell this untouched file from your edits)

@@ -14,7 +14,22 @@ from minillm.engine.sequence import Sequence
 
 
 def compute_block_hash(token_ids: list[int], prefix_hash: int) -> int:
-    """A 64-bit hash of one full block's tokens, chained with the previous block's hash (-1 for the first)."""
+    """A 64-bit hash of one full block's tokens, chained with the previous block's hash (-1 for the first).
+
+    token_ids: list[int], the block_size tokens of one full block.
+    prefix_hash: int, what this function returned for the block before it in the sequence, or -1 for a
+    sequence's first block.
+    Returns a Python int within 64 bits, signed (-2**63 <= h < 2**63), so that it goes back in as the next
+    block's prefix_hash the same way as -1 does. It must be deterministic: the same tokens after the same
+    prefix_hash give the same value in every process and every run, so use hashlib (Python's own hash() of
+    str and bytes is salted per process). It must differ when the tokens, their order or the prefix_hash
+    differ (up to a negligible chance of collision, which `allocate` guards against): since the
+    prefix_hash goes in, equal hashes mean equal whole prefixes, not only equal blocks.
+
+    Example: h1 = compute_block_hash([1, 2, 3, 4], -1) names that block at the start of a sequence;
+    compute_block_hash([5, 6, 7, 8], h1), the block [5, 6, 7, 8] right after it, differs from
+    compute_block_hash([5, 6, 7, 8], -1); and compute_block_hash([1, 2, 4, 3], -1) != h1.
+    """
     # BEGIN EXERCISE 05.3: chained block hash — hash the previous block's hash together with this block's tokens
     h = hashlib.blake2b(digest_size=8)
     h.update(prefix_hash.to_bytes(8, "little", signed=True))
@@ -141,13 +156,21 @@ class BlockManager:
         # END EXERCISE
 
     def deallocate(self, seq: Sequence) -> None:
-        """Release seq's blocks. Each block's `ref_count` drops by one; a block nobody uses any more (0) leaves
-        `used_block_ids` and is appended to `free_block_ids`, keeping its hash and tokens so that a later
-        identical prefix can revive it. Go from the table's last block to its first: free blocks are reused
-        oldest first, so a prefix's early blocks, the most shared, stay cached longest. Afterwards
+        """Release seq's blocks: it finished, or was preempted (chapter 06).
+
+        For each block id in `seq.block_table`, from the table's last block to its first, the block's
+        `ref_count` drops by one. A block nobody uses any more (0) leaves `used_block_ids` and is appended to
+        `free_block_ids` (so `num_free_blocks` grows by one), keeping its `hash` and `token_ids`: a later
+        identical prefix can then revive it in `allocate` and count it in its `num_cached_tokens`. A block
+        another sequence still uses (ref_count above 0) stays in use. Why last to first: free blocks are
+        reused oldest first, so a prefix's early blocks, the most shared, stay cached longest. Afterwards
         `seq.block_table` is empty and `seq.num_computed_tokens` is 0 (none of its tokens are in the cache).
-        Example: a block shared by two sequences (ref_count 2) stays in use when the first is freed and
-        goes to the free list when the second is."""
+
+        Example, a pool of 6 blocks of 4: a (tokens 0..7) holds blocks [0, 1]; b (tokens 0..7, then 1)
+        shares them: [0, 1, 2], ref counts 2, 2, 1. Freeing a leaves blocks 0 and 1 in use with ref_count 1,
+        and num_free_blocks at 3. Freeing b then frees blocks 2, 1, 0 in that order: num_free_blocks 6,
+        used_block_ids empty. A new sequence of tokens 0..7, then 3, revives blocks [0, 1]: its
+        num_cached_tokens is 8."""
         # BEGIN EXERCISE 05.5: free with reference counts — decrement, and free blocks nobody uses
         for block_id in reversed(seq.block_table):  # tail first, so shared prefixes stay cached longest
             block = self.blocks[block_id]

@@ -9,7 +9,22 @@ import torch.nn.functional as F
 
 
 def slot_mapping_for(block_table: list[int], start: int, end: int, block_size: int) -> list[int]:
-    """Cache slots of a sequence's tokens start..end-1, given the blocks it owns."""
+    """Cache slots of a sequence's tokens start..end-1, given the blocks it owns.
+
+    Position pos lives in the sequence's logical block pos // block_size, at offset pos % block_size inside
+    it, and `block_table[i]` is the physical block that holds logical block i. Its slot, the row of the
+    cache seen as [num_blocks * block_size, kv_heads, head_dim], is that physical block's number times
+    block_size, plus the offset.
+
+    block_table: list[int], the sequence's physical block ids in order (it covers position end - 1).
+    start, end: positions, end exclusive; start may fall inside a block (a decode step asks for the one
+    slot of its newest token: start = len - 1, end = len).
+    block_size: tokens per block.
+    Returns a list of end - start plain ints, the slot of each position start, ..., end - 1 in order.
+
+    Example, block_size 4 and block_table [7, 2, 5]: positions 0..9 are in slots
+    [28, 29, 30, 31, 8, 9, 10, 11, 20, 21]; positions 6..8 alone give [10, 11, 20].
+    """
     # BEGIN EXERCISE 05.1: slot mapping — the flat cache slot of each token position
     return [block_table[pos // block_size] * block_size + pos % block_size for pos in range(start, end)]
     # END EXERCISE
@@ -19,7 +34,18 @@ def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cac
                   slot_mapping: torch.Tensor) -> None:
     """Write each token's key and value [tokens, kv_heads, head_dim] into its slot; slot -1 means skip.
 
-    Slot s is row s of the cache seen as [num_blocks * block_size, kv_heads, head_dim].
+    k, v: [num_tokens, kv_heads, head_dim], the keys and values this step computed.
+    k_cache, v_cache: one layer's cache, [num_blocks, block_size, kv_heads, head_dim], updated in place
+    (nothing is returned): write into these tensors themselves, not into a copy.
+    slot_mapping: integer tensor [num_tokens]; slot_mapping[t] is token t's slot, or -1.
+    Slot s is row s of the cache seen as [num_blocks * block_size, kv_heads, head_dim]: block
+    s // block_size, offset s % block_size. Slots come in any order. A token whose slot is -1 is skipped
+    (its key is already cached, say in a shared prefix block, or the row is padding): nothing of the cache
+    changes for it, and -1 must not be used as an index, since it would name the last slot. Every slot not
+    listed keeps its old contents.
+
+    Example, block_size 4, slot_mapping [0, 7, 3, -1, 12]: token 0 goes to block 0 offset 0, token 1 to
+    block 1 offset 3, token 2 to block 0 offset 3, token 3 nowhere, token 4 to block 3 offset 0.
     """
     # BEGIN EXERCISE 04.2: append to the cache — copy each token's key and value into its slot, skipping slot -1
     keep = slot_mapping >= 0
@@ -69,7 +95,27 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """One new query per sequence, q [num_seqs, heads, head_dim], attending to its context in the paged cache."""
+    """One new query per sequence, q [num_seqs, heads, head_dim], attending to its context in the paged cache.
+
+    q: [num_seqs, heads, head_dim], the query of each sequence's newest token.
+    k_cache, v_cache: one layer's cache, [num_blocks, block_size, kv_heads, head_dim]. heads is a multiple
+    of kv_heads: query head h reads KV head h // (heads // kv_heads) (grouped-query attention; MHA when
+    they are equal).
+    block_tables: integer tensor [num_seqs, max_blocks]; row i lists sequence i's physical blocks in
+    order, padded at the end with -1.
+    context_lens: integer tensor [num_seqs], the number of keys of sequence i (the newest token's key is
+    already stored). Its key j is in block block_tables[i, j // block_size] at offset j % block_size.
+    scale: the factor on the scores (head_dim ** -0.5 in the model).
+    Returns [num_seqs, heads, head_dim]: for each sequence and head, softmax(scale * q . k_j) weighted
+    sum of v_j over j = 0 .. context_lens[i] - 1, exactly what attention over that sequence's keys copied
+    out contiguously gives. No causal mask is needed (the query is the last position), but positions at
+    or past context_lens[i] get no weight: the unwritten end of the last block, and the -1 padding (which
+    `gather_kv` reads as block 0). The cache is only read.
+
+    Example, block_size 4, block_tables [[5, 1, 8]], context_lens [9]: the keys are block 5's four, block
+    1's four and the first of block 8; the other three slots of block 8 are masked. The tests compare with
+    ordinary attention for MHA (4 heads, 4 KV heads) and GQA (8 heads, 2 KV heads), lengths 1, 6 and 9.
+    """
     # BEGIN EXERCISE 05.2: paged decode attention — gather each sequence's keys/values by its block table, mask past its length
     k, v = gather_kv(k_cache, block_tables), gather_kv(v_cache, block_tables)  # [seqs, max_len, kv_heads, head_dim]
     num_seqs, max_len, kv_heads, head_dim = k.shape

@@ -14,6 +14,57 @@ LEVELS = ("approach", "key operation", "shapes and pitfalls")
 WIDTH = 100  # columns of a printed hint
 
 HINTS: dict[str, tuple[str, str, str]] = {
+    "00.1": (
+        "For every row of scores you want one number: the entry in the column that the row's id names. Think "
+        "of it as a lookup along the last dimension, the same for any number of leading dimensions.",
+        "`torch.gather` (or the tensor method `gather`) along dim=-1 picks, in each row, the columns an index "
+        "tensor names. Its index must have as many dimensions as scores, so give ids a trailing axis of size 1 "
+        "with `unsqueeze(-1)`, and remove that axis again from the result with `squeeze(-1)`.",
+        "scores [..., V] and ids [...] give [...]; gather's output has the index's shape [..., 1]. ids must be "
+        "a long tensor. A 0-dimensional id with scores [V] must give a 0-dimensional result; `scores[ids]` "
+        "would take whole rows of a 2-D table instead of one entry per row. Keep the scores' dtype.",
+    ),
+    "00.2": (
+        "Two steps, neither of which copies a number: first reinterpret each row of H*D numbers as H rows of D "
+        "(a view), then swap the token axis and the head axis so that heads come first.",
+        "`view(T, H, -1)` (the -1 lets torch work D out) turns [T, H*D] into [T, H, D]; `transpose(0, 1)` then "
+        "gives [H, T, D]. Both return views that share x's memory.",
+        "Splitting into [H, T, D] directly with view would read the numbers in the wrong order: a view keeps "
+        "the memory order, so the head axis must come right after T first, then move. Do not call "
+        "`contiguous()`, `clone()` or `reshape` after the transpose: the test checks that the result still "
+        "shares x's storage.",
+    ),
+    "00.3": (
+        "Build a boolean matrix [Tq, Tk] that says which keys each query may see, set the scores of the others "
+        "to -inf, and take the softmax over the last dimension: exp(-inf) is 0, so they get exactly 0.",
+        "`torch.ones(Tq, Tk, dtype=torch.bool)` with `tril(diagonal)` keeps the lower triangle; the diagonal "
+        "offset Tk - Tq shifts it right so the last query sees every key. `masked_fill` (not `masked_fill_`) "
+        "with float('-inf') where a key is not allowed, then `softmax(dim=-1)`.",
+        "The mask [Tq, Tk] broadcasts over leading batch and head dimensions. masked_fill fills where the mask "
+        "is True, so pass the forbidden positions (`~allowed`, or build them with `triu`). Make the mask on "
+        "scores.device. The in-place masked_fill_ would change the caller's scores: the test checks they are "
+        "untouched. Every row keeps at least one key, so no row is all -inf (that would give NaN).",
+    ),
+    "00.4": (
+        "Sort each row from largest to smallest and note where each entry came from. The entry that lands at "
+        "sorted position r has rank r: write r back at its original position. That undoes the sort.",
+        "`argsort(dim=-1, descending=True)` gives, for each sorted position, the original index. "
+        "`scatter(-1, order, src)` writes src[..., r] to position order[..., r]; with src holding 0..N-1 "
+        "(`torch.arange`, expanded to the order's shape), the output holds each entry's rank.",
+        "The result is long, shaped like x, on x's device; use `empty_like` or `zeros_like` of the order "
+        "(already long) as the tensor to scatter into. The argsort alone is not the answer: it says which "
+        "entry is at rank r, not which rank entry i has ([0.1, 0.9, 0.5] sorts to [1, 2, 0], but the ranks "
+        "are [2, 0, 1]). Applying argsort twice also works; ties may come out in any order.",
+    ),
+    "00.5": (
+        "The scores of all queries against all keys form one matrix product: queries [Tq, D] times keys "
+        "transposed [D, Tk]. Matrix multiplication works on the last two dimensions and broadcasts the rest.",
+        "Swap the last two dimensions of k with `transpose(-2, -1)` (or `.mT`), then multiply with `@` "
+        "(torch.matmul), which broadcasts the leading dimensions of its two operands.",
+        "Transpose k, not q, and use -2 and -1 rather than 1 and 2 so that any number of leading dimensions "
+        "works: k [Tk, D] against q [B, Tq, D] must give [B, Tq, Tk], and [B, 1, Tq, D] with [1, H, Tk, D] "
+        "gives [B, H, Tq, Tk]. `torch.mm` and `torch.bmm` do not broadcast; `torch.einsum` works too.",
+    ),
     "01.1": (
         "Keep a list of pieces that starts as one piece per character, and merge one adjacent pair per round "
         "until no adjacent pair is a learned merge. Each round picks its pair across the whole word.",

@@ -25,8 +25,9 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     not modified. Top-k first: keep the k largest logits of the row. Top-p then works on the distribution
     renormalised over those k (softmax of the survivors, as vLLM and transformers do): going down the
     ranks, keep a token while the probability of the tokens ranked above it is below p. So the most likely
-    token always survives, and the kept set is the smallest whose probability reaches p. Ties in the
-    logits may be broken in any order.
+    token always survives, and the kept set is the smallest whose probability reaches p. A row with
+    top_p = 1 keeps all its top-k survivors, even where the float32 running sum reaches 1.0 before the
+    last of them (it does on a peaked row of a large vocabulary). Ties may be broken in any order.
 
     Example: one row with probabilities [0.30, 0.25, 0.20, 0.15, 0.10], top_k=3, top_p=0.6. Top-k keeps
     ranks 0-2; renormalised they are [0.40, 0.33, 0.27]; the probability above each is [0, 0.40, 0.73], so
@@ -137,4 +138,4 @@ class Scheduler(minillm.engine.scheduler.Scheduler):
         )
         # END EXERCISE
 
-# build checksum: fb50e1fb28c053ac (lets `build` tell this untouched file from your edits)
+# build checksum: 8c57b8f74cef90b8 (lets `build` tell this untouched file from your edits)

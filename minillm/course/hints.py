@@ -4,6 +4,7 @@ Level 1 names the approach, level 2 the key operation, level 3 the shapes and th
 None of them is code: they name functions, attributes and shapes, and leave the writing to you.
 """
 import html
+import re
 import textwrap
 from pathlib import Path
 
@@ -309,5 +310,10 @@ class Hints:
 
     def _repr_html_(self) -> str:
         folds = "".join(f"<details><summary>Hint {n} of {len(LEVELS)} for {self.id}: {LEVELS[n - 1]}</summary>"
-                        f"<p>{html.escape(text)}</p></details>" for n, text in enumerate(self.texts, 1))
+                        f"<p>{_code(text)}</p></details>" for n, text in enumerate(self.texts, 1))
         return f"<div>{folds}</div>"
+
+
+def _code(text: str) -> str:
+    """Hint text as HTML: `names` in backticks become <code>names</code>."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))

@@ -15,8 +15,9 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     not modified. Top-k first: keep the k largest logits of the row. Top-p then works on the distribution
     renormalised over those k (softmax of the survivors, as vLLM and transformers do): going down the
     ranks, keep a token while the probability of the tokens ranked above it is below p. So the most likely
-    token always survives, and the kept set is the smallest whose probability reaches p. Ties in the
-    logits may be broken in any order.
+    token always survives, and the kept set is the smallest whose probability reaches p. A row with
+    top_p = 1 keeps all its top-k survivors, even where the float32 running sum reaches 1.0 before the
+    last of them (it does on a peaked row of a large vocabulary). Ties may be broken in any order.
 
     Example: one row with probabilities [0.30, 0.25, 0.20, 0.15, 0.10], top_k=3, top_p=0.6. Top-k keeps
     ranks 0-2; renormalised they are [0.40, 0.33, 0.27]; the probability above each is [0, 0.40, 0.73], so
@@ -30,7 +31,8 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     sorted_logits = sorted_logits.masked_fill(rank >= k[:, None], float("-inf"))
     probs = sorted_logits.softmax(dim=-1)  # renormalised over the top-k survivors
     before = probs.cumsum(dim=-1) - probs  # probability of the tokens ranked above this one
-    sorted_logits = sorted_logits.masked_fill(before >= top_p[:, None], float("-inf"))
+    # top_p = 1 keeps all: in float32 the running sum can reach 1.0 before the tail of a long row
+    sorted_logits = sorted_logits.masked_fill((before >= top_p[:, None]) & (top_p[:, None] < 1), float("-inf"))
     return logits.scatter(-1, order, sorted_logits)
     # END EXERCISE
 

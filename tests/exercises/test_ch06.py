@@ -46,6 +46,15 @@ def test_top_k_top_p_masks_exactly_the_truncated_tokens(impl):
 
 
 @pytest.mark.exercise("06.1")
+def test_top_p_of_one_keeps_every_token_of_a_peaked_row(impl):
+    """In float32 the running sum of a peaked 4096-token row reaches 1.0 long before its tail: top_p=1 still
+    keeps all (and with top_k, all k)."""
+    logits = torch.linspace(30, -30, 4096).unsqueeze(0).repeat(2, 1)
+    out = impl.apply_top_k_top_p(logits, torch.tensor([0, 3000]), torch.tensor([1.0, 1.0]))
+    assert torch.isfinite(out).sum(dim=-1).tolist() == [4096, 3000]
+
+
+@pytest.mark.exercise("06.1")
 def test_top_p_applies_to_the_top_k_renormalised(impl):
     """The docstring's example: top-p over the full distribution would keep three tokens, not two."""
     logits = torch.tensor([[0.30, 0.25, 0.20, 0.15, 0.10]]).log()

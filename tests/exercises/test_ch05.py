@@ -46,7 +46,8 @@ def test_paged_decode_attention_equals_attention_over_contiguous_keys(impl, head
 @pytest.mark.exercise("05.3")
 def test_block_hash_is_a_deterministic_64_bit_chain(impl):
     h = impl.compute_block_hash([1, 2, 3, 4], -1)
-    assert isinstance(h, int) and -2**63 <= h < 2**64
+    assert isinstance(h, int) and -2**63 <= h < 2**63, "a signed 64-bit int: it goes back in as the next prefix_hash"
+    assert isinstance(impl.compute_block_hash([5, 6, 7, 8], h), int), "a hash must chain into the next block"
     assert impl.compute_block_hash([1, 2, 3, 4], -1) == h, "same tokens and prefix must give the same hash"
     assert impl.compute_block_hash([1, 2, 4, 3], -1) != h, "token order matters"
     assert impl.compute_block_hash([5, 6, 7, 8], h) != impl.compute_block_hash([5, 6, 7, 8], -1), \

@@ -69,7 +69,7 @@ def test_hint_prints_the_levels_asked_for_and_how_to_get_the_next(capsys):
 
 
 @pytest.mark.parametrize("args, error", [
-    (["hint", "05.9"], "There is no exercise 05.9; the exercises are 01.1, 01.2, "),
+    (["hint", "05.9"], "There is no exercise 05.9; the exercises are 00.1, 00.2, "),
     (["hint", "05.4", "--level", "4"], "There are hint levels 1, 2 and 3 (approach, key operation, shapes and "
                                        "pitfalls); 4 is not one of them."),
     (["hint", "05.4", "--level", "0"], "0 is not one of them"),

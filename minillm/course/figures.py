@@ -55,6 +55,8 @@ def engine_map(chapter: str, figsize: tuple[float, float] = (9.5, 3.6)):
             ax.text(x + width - 0.12, y + 0.38, ch, ha="right", va="center", fontsize=6.5, color="0.4")
             if i and row < 2:
                 ax.annotate("", (x + 0.03, y + 0.07), (x - 0.09, y + 0.07), arrowprops=dict(arrowstyle="->", lw=0.8))
-    ax.set_title(f"You are here: chapter {chapter} (orange); blue = built in earlier chapters", fontsize=9)
+    here = any(ch == chapter for _, _, ch in PIECES)
+    ax.set_title(f"You are here: chapter {chapter} (orange); blue = built in earlier chapters" if here else
+                 "The engine this course builds, one box per piece (its chapter in the corner)", fontsize=9)
     fig.tight_layout()
     return fig

@@ -8,9 +8,9 @@ from checkpoints import make_checkpoint
 
 from minillm import default_model_path
 from minillm.bench import main, workloads
-from minillm.bench.backends import Models, run_minillm, run_static
+from minillm.bench.backends import Models, run_compiled, run_minillm, run_static
 from minillm.bench.breakdown import PARTS, StepBreakdown
-from minillm.bench.cli import BACKENDS, check_token_counts, parse_args
+from minillm.bench.cli import DEFAULT_BACKENDS, check_token_counts, parse_args
 from minillm.bench.hf import batch_sizes, generate_padded, run_hf_generate_batch
 from minillm.bench.metrics import latency
 from minillm.bench.models import RANDOM_SIZES, num_parameters, save_random_qwen3, special_token_ids
@@ -154,11 +154,14 @@ def test_every_backend_generates_the_same_greedy_tokens_past_eos(eos_checkpoint)
              for p, n in zip(workload.prompts, workload.output_lens)]
     assert padded == alone  # padding changes nothing: greedy, masked
     runs = [run_hf_generate_batch(models, workload, warmup, args=None), run_minillm(models, workload, warmup, None),
-            run_static(models, workload, warmup, SimpleNamespace(static_batch_size=2))]
+            run_static(models, workload, warmup, SimpleNamespace(static_batch_size=2)),
+            run_compiled(models, workload, warmup, None)]
     for run in runs:
         assert run.token_ids == alone
         assert all(arrival <= first <= finish for arrival, first, finish in run.times)
     assert runs[1].info["breakdown"]["decode"]["num_steps"] == 10  # the longest request's 11 tokens - 1
+    assert sorted(models.compiled_engine.model_runner.graphs.build_seconds) == [1, 2]  # built before the clock
+    assert runs[3].info["capture_seconds"] > 0 and runs[1].info["graph_mode"].startswith("eager")
     engine = models.engine  # the breakdown's and the static run's wrappers are gone
     assert "step" not in vars(engine) and "schedule" not in vars(engine.scheduler)
     assert "run_model" not in vars(engine.model_runner) and "forward" not in vars(engine.model_runner.sampler)
@@ -183,7 +186,7 @@ def test_random_model_sizes(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--backends", "minillm,vllm"], "unknown backend(s) vllm; choose from minillm, minillm-static, hf-generate, "
+    (["--backends", "minillm,vllm"], "unknown backend(s) vllm; choose from minillm, minillm-compiled, minillm-static, hf-generate, "
                                      "hf-generate-batch"),
     (["--input-range", "256:16"], "expected MIN:MAX with 1 <= MIN <= MAX, got '256:16'"),
     (["--num-prompts", "0"], "expected a positive integer, got '0'"),
@@ -217,14 +220,14 @@ def test_end_to_end_record(tmp_path):
     assert set(record["versions"]) == {"python", "torch", "transformers", "minillm"}
     assert set(vars(parse_args([]))) <= set(record["config"])
     assert record["model"]["name"] == "random-tiny" and record["model"]["path"] is None
-    assert list(record["results"]) == list(BACKENDS)
+    assert list(record["results"]) == DEFAULT_BACKENDS  # minillm-compiled is opt-in
     expected = record["workload"]["num_output_tokens"]
     for name, result in record["results"].items():
         assert result["num_output_tokens"] == expected and result["output_tokens_per_second"] > 0
         assert (name == "minillm") != ("same_tokens_as_minillm" in result)
         assert ("mean_ttft_ms" in result) == (name != "hf-generate")
     assert record["results"]["hf-generate"]["batch_size"] == 4  # auto capped at 4 prompts
-    assert set(record["minillm_speedup"]) == set(BACKENDS) - {"minillm"}
+    assert set(record["minillm_speedup"]) == set(DEFAULT_BACKENDS) - {"minillm"}
     assert set(record["breakdown"]) == {"prefill", "decode"}
     assert sum(record["breakdown"]["decode"]["share"].values()) == pytest.approx(1)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -44,6 +44,11 @@ class Models:
         return LLM(self.path, **self.engine_options)
 
     @cached_property
+    def compiled_engine(self) -> LLM:
+        """A second engine whose decode steps run compiled per batch-size bucket (enforce_eager=False)."""
+        return LLM(self.path, **self.engine_options | {"enforce_eager": False})
+
+    @cached_property
     def hf_model(self):
         from minillm.bench.hf import load_model
 
@@ -67,9 +72,9 @@ def greedy(output_lens: list[int]) -> list[SamplingParams]:
     return [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in output_lens]
 
 
-def run_minillm(models: Models, workload: Workload, warmup: Workload, args) -> Run:
+def run_minillm(models: Models, workload: Workload, warmup: Workload, args, llm: LLM | None = None) -> Run:
     """Continuous batching: all requests in one generate call. The step breakdown is taken in this run."""
-    llm = models.engine
+    llm = llm or models.engine
     llm.generate(warmup.prompts, greedy(warmup.output_lens), use_tqdm=False)
     with progress(len(workload), "minillm", "req") as bar:
         breakdown = StepBreakdown(llm, on_step=lambda seqs: bar.update(sum(seq.is_finished for seq in seqs)))
@@ -79,7 +84,18 @@ def run_minillm(models: Models, workload: Workload, warmup: Workload, args) -> R
             elapsed = time.perf_counter() - start
     return Run(elapsed, [out.token_ids for out in outputs],
                [(out.arrival_time, out.first_token_time, out.finish_time) for out in outputs],
-               {"breakdown": breakdown.summary()})
+               {"breakdown": breakdown.summary(), "graph_mode": llm.model_runner.graph_mode})
+
+
+def run_compiled(models: Models, workload: Workload, warmup: Workload, args) -> Run:
+    """minillm with decode steps compiled per bucket: every bucket the workload can use is built before the
+    clock starts (its build time is recorded, not timed)."""
+    llm = models.compiled_engine
+    start = time.perf_counter()
+    llm.model_runner.graphs.capture(max_batch=len(workload))
+    run = run_minillm(models, workload, warmup, args, llm)
+    run.info["capture_seconds"] = time.perf_counter() - start - run.elapsed
+    return run
 
 
 def run_static(models: Models, workload: Workload, warmup: Workload, args) -> Run:

@@ -7,6 +7,7 @@ eager, compiled and graph replay); the `Sampler` picks the tokens.
 import torch
 
 from minillm.config import Config
+from minillm.engine.graphs import DecodeGraphs
 from minillm.engine.kv_cache import allocate_kv_cache, kv_cache_bytes_per_token
 from minillm.engine.sequence import Sequence
 from minillm.layers.attention import Attention, select_attention_backend
@@ -33,6 +34,24 @@ class ModelRunner:
                              "raise kvcache_memory_bytes / gpu_memory_utilization or use a smaller model")
         self.kv_cache = allocate_kv_cache(self.model, self.num_kvcache_blocks, self.block_size)
         self.sampler = Sampler()
+        self.graphs, self.eager_reason = None, self.why_eager(config)
+        if self.eager_reason is None:
+            self.graphs = DecodeGraphs(self, min(config.max_num_seqs, 512))
+
+    def why_eager(self, config: Config) -> str | None:
+        """Why decode steps run op by op, or None when they run as compiled steps per bucket."""
+        if config.enforce_eager:
+            return "enforce_eager=True"
+        if self.device.type == "cuda":
+            return "CUDA graph capture is not written yet (chapter 07)"
+        if config.enforce_eager is None:
+            return "the CPU default: compiling costs seconds per batch-size bucket; enforce_eager=False turns it on"
+        return None
+
+    @property
+    def graph_mode(self) -> str:
+        """How decode steps run: eager (and why) or compiled per bucket (and what was built, in how long)."""
+        return f"eager ({self.eager_reason})" if self.graphs is None else self.graphs.describe()
 
     def allocate_input_buffers(self, config: Config) -> None:
         """Input tensors at their largest (a step's tokens, its sequences, a sequence's blocks), allocated once;
@@ -131,8 +150,11 @@ class ModelRunner:
     @torch.inference_mode()
     def run_model(self, input_ids: torch.Tensor, positions: torch.Tensor, is_prefill: bool) -> torch.Tensor:
         """The forward pass on prepared inputs: logits of the rows that sample (in a prefill, the last new token
-        of each sequence that reaches its end; in a decode, every row)."""
-        hidden = self.model(input_ids, positions)
+        of each sequence that reaches its end; in a decode, every row). A decode step runs in its bucket's
+        compiled step when the runner has them (self.graphs), else op by op."""
+        hidden = None if is_prefill or self.graphs is None else self.graphs(len(input_ids))
+        if hidden is None:
+            hidden = self.model(input_ids, positions)
         if is_prefill:
             hidden = hidden[get_context().logits_indices]
         return self.model.compute_logits(hidden)

@@ -1,4 +1,7 @@
 """Attention: each token's query looks at the keys of itself and the tokens before it (causal)."""
+import itertools
+import weakref
+
 import torch
 from torch import nn
 
@@ -99,8 +102,15 @@ class Attention(nn.Module):
         self.num_heads, self.head_dim, self.scale, self.num_kv_heads = num_heads, head_dim, scale, num_kv_heads
         self.k_cache = self.v_cache = torch.tensor([])  # views into the engine's cache, set by the runner
         self.backend = TorchAttentionBackend()
+        self.layer_id = next(_layer_ids)
+        _LAYERS[self.layer_id] = self
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # inside torch.compile: one opaque op, see attention_op
+            return attention_op(q, k, v, self.layer_id)
+        return self.attend(q, k, v)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = get_context()
         if ctx is None:
             return causal_attention(q, k, v, self.scale)
@@ -109,3 +119,21 @@ class Attention(nn.Module):
         if ctx.is_prefill:
             return self.backend.prefill(q, k, v, self.k_cache, self.v_cache, ctx, self.scale)
         return self.backend.decode(q, self.k_cache, self.v_cache, ctx, self.scale)
+
+
+_layer_ids = itertools.count()
+_LAYERS: "weakref.WeakValueDictionary[int, Attention]" = weakref.WeakValueDictionary()
+
+
+@torch.library.custom_op("minillm::attention", mutates_args=())
+def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
+    """A layer's whole attention (store the new keys and values, then attend) as one operator that
+    torch.compile does not look into, as vLLM's `unified_attention`: its work depends on the step's host-side
+    lists (sequence lengths), which a compiled graph would otherwise freeze in, and it writes the KV cache,
+    which the graph would otherwise copy. The layer is found by its id, so only tensors cross the boundary."""
+    return _LAYERS[layer_id].attend(q, k, v)
+
+
+@attention_op.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
+    return torch.empty_like(q)  # what the compiler needs to know: the output's shape, dtype and device

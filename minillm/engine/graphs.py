@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from minillm.utils.context import Context, get_context, set_context
+from minillm.utils.context import Context, get_context, reset_context, set_context
 
 
 def decode_buckets(max_batch: int) -> list[int]:
@@ -31,7 +31,8 @@ class DecodeGraphs:
 
     def __init__(self, runner, max_batch: int):
         self.runner, self.buckets = runner, decode_buckets(max_batch)
-        self.steps: dict[int, callable] = {}  # bucket -> its compiled step
+        # one compiled model; dynamo specialises it once per input shape, i.e. once per bucket
+        self.compiled = torch.compile(runner.model, dynamic=False, fullgraph=True)
         self.build_seconds: dict[int, float] = {}  # bucket -> time its first run took (compiling included)
         # every bucket is one more compiled version of the same forward: let dynamo keep them all
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, len(self.buckets) + 8)
@@ -47,13 +48,9 @@ class DecodeGraphs:
 
     def step(self, bucket: int) -> torch.Tensor:
         """Run the bucket's compiled step on the first `bucket` rows of the input buffers (compiled on first use)."""
-        r = self.runner
-        if bucket in self.steps:
-            return self.steps[bucket](r.input_ids[:bucket], r.positions[:bucket])
-        start = time.perf_counter()
-        self.steps[bucket] = torch.compile(r.model, dynamic=False, fullgraph=True)
-        hidden = self.steps[bucket](r.input_ids[:bucket], r.positions[:bucket])
-        self.build_seconds[bucket] = time.perf_counter() - start
+        r, start = self.runner, time.perf_counter()
+        hidden = self.compiled(r.input_ids[:bucket], r.positions[:bucket])
+        self.build_seconds.setdefault(bucket, time.perf_counter() - start)
         return hidden
 
     @torch.inference_mode()
@@ -66,7 +63,7 @@ class DecodeGraphs:
                 self.pad(0, bucket)
                 self.step(bucket)
             finally:
-                set_context(None)
+                reset_context()
 
     def pad(self, batch: int, bucket: int) -> None:
         """Extend the step from `batch` to `bucket` rows: a padded row reads token 0 at position 0, writes to no

@@ -104,10 +104,15 @@ class Config:
     device: str = "cpu"
     attention_backend: str = "auto"  # "torch" (the reference); chapter 09 adds "triton"
     skip_tokenizer_init: bool = False  # run on token ids alone: no tokenizer.json needed, outputs have no text
-    # vLLM's name. True: every step runs op by op. False: decode steps run as compiled steps per batch-size
-    # bucket (minillm.engine.graphs). None: the default of the device; on a CPU that is eager, since compiling a
-    # bucket takes seconds (about 15 for the default model) and gains about 1.2x.
+    # vLLM's name. True: every step runs op by op. False: decode steps are replayed per batch-size bucket
+    # (minillm.engine.graphs): CUDA graphs on a GPU, steps compiled by torch.compile on a CPU. None: the device's
+    # default: CUDA graphs on a GPU; eager on a CPU, since compiling a bucket takes seconds (about 15 for the
+    # default model) and gains about 1.2x.
     enforce_eager: bool | None = None
+    # torch.compile the layers' hot functions (RMSNorm, add+RMSNorm, rotary, SiLU-and-mul, top-k/top-p; chapter
+    # 08), each compiled once on first use. None: on for CUDA; off on a CPU, where the first steps would wait
+    # for the compiler.
+    compile_layers: bool | None = None
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "kvcache_block_size", "kvcache_memory_bytes"):

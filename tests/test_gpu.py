@@ -26,3 +26,21 @@ def test_cuda_seeded_sampling_is_reproducible(tiny_checkpoint):
     crowd = llm.generate([[9, 9, 9], [1, 2, 3]], [SamplingParams(max_tokens=5), params], use_tqdm=False)
     assert crowd[1].token_ids == first
     assert torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("options", [{"enforce_eager": True, "compile_layers": False},
+                                     {"enforce_eager": False, "compile_layers": False},
+                                     {"enforce_eager": False, "compile_layers": True}])
+def test_cuda_graphs_and_compiled_layers_equal_naive_across_buckets(tiny_checkpoint, options):
+    """Nine requests ending one after another: decode batches 9 to 1 (8 a bucket, 5-7 padded to 8, 3 to 4)
+    replayed from CUDA graphs, with and without the layers compiled, give the naive loop's greedy tokens."""
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 256, (n,), generator=g).tolist() for n in (4, 9, 17, 5, 12, 30, 7, 21, 3)]
+    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(9)]
+    llm = LLM(tiny_checkpoint, device="cuda", gpu_memory_utilization=0.5, max_num_seqs=16, **options)
+    mode = llm.model_runner.graph_mode
+    assert mode.startswith("eager" if options["enforce_eager"] else "CUDA graphs in buckets [1, 2, 4, 8, 16]")
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    cpu = build_model(tiny_checkpoint)
+    assert [o.token_ids for o in outputs] == [list(generate_naive(cpu, p, sp.max_tokens)) for p, sp in
+                                              zip(prompts, params)]

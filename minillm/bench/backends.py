@@ -49,6 +49,11 @@ class Models:
         return LLM(self.path, **self.engine_options | {"enforce_eager": False})
 
     @cached_property
+    def compiled_layers_engine(self) -> LLM:
+        """A third engine whose steps run op by op, with the layers' hot functions compiled (compile_layers)."""
+        return LLM(self.path, **self.engine_options | {"compile_layers": True})
+
+    @cached_property
     def hf_model(self):
         from minillm.bench.hf import load_model
 
@@ -97,6 +102,11 @@ def run_compiled(models: Models, workload: Workload, warmup: Workload, args) -> 
     run = run_minillm(models, workload, warmup, args, llm)
     run.info["capture_seconds"] = capture_seconds
     return run
+
+
+def run_compiled_layers(models: Models, workload: Workload, warmup: Workload, args) -> Run:
+    """minillm with the layers' hot functions compiled: they compile in the warm-up, before the clock."""
+    return run_minillm(models, workload, warmup, args, models.compiled_layers_engine)
 
 
 def run_static(models: Models, workload: Workload, warmup: Workload, args) -> Run:

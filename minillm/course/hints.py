@@ -266,6 +266,52 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "the None check, and let the helper judge EOS: it also handles stop_token_ids, ignore_eos and "
         "max_tokens.",
     ),
+    "07.1": (
+        "Two parts joined end to end: the small powers of two, kept only while they fit, then a regular run of "
+        "multiples of 16 that stops at the largest one that fits.",
+        "A filter over the tuple (1, 2, 4, 8) with `b <= max_batch`, then `range` with a start of 16 and a "
+        "step of 16. Remember that range's stop is exclusive.",
+        "The result is a plain list of ints in increasing order and never contains a value above max_batch: "
+        "max_batch 20 gives [1, 2, 4, 8, 16], 3 gives [1, 2], 1 gives [1], and 16 must include 16 itself.",
+    ),
+    "07.2": (
+        "Walk the buckets from the smallest up and stop at the first one big enough for the batch; if none "
+        "is, say so with None.",
+        "The buckets are sorted, so the first `b` with `b >= batch` is the answer. `next(...)` over a "
+        "generator with a default, or a loop with an early return, both do it.",
+        "A batch equal to a bucket gets that bucket (≥, not >). A batch larger than the last bucket returns "
+        "None (not the last bucket, not an exception): the engine then runs that step eagerly.",
+    ),
+    "07.3": (
+        "The rows from `batch` up to (not including) `bucket` are the padding: give each of the five buffers "
+        "a harmless value there, and leave every other row alone.",
+        "One slice, `batch:bucket`, used to assign in place into each buffer: token 0, position 0, slot "
+        "PAD_SLOT_ID, context length 1, and block 0 in every column of the padded rows of block_tables.",
+        "Assign into the buffers themselves (`buf[rows] = value`), never rebind the names: the engine reads "
+        "the same tensors afterwards. The slot must be -1 (PAD_SLOT_ID), which lands in the spare block; a "
+        "real slot would overwrite a sequence's key. batch == bucket pads nothing, batch 0 pads all rows. "
+        "Return None.",
+    ),
+    "08.1": (
+        "Two results from one pass: first the sum of the sublayer's output and the residual stream, then the "
+        "RMSNorm of that sum. The sum is also returned, since the next sublayer adds to it.",
+        "Add x and residual with `+` (a new tensor, so neither input changes), then call the chapter 03 "
+        "`rms_norm` on the sum with the given weight and eps. Return the pair (normalised, sum).",
+        "Order matters: the normalised tensor first, the new residual second. Do not use in-place `+=` or "
+        "`add_`: the tests check the inputs are unchanged. Keep the dtype (bf16 in, bf16 out). Anything "
+        "that breaks the graph (`.item()`, printing, a Python loop over tokens) would stop inductor from "
+        "fusing it into one kernel.",
+    ),
+    "08.2": (
+        "Go through the arguments; for each tensor that has a token (row) dimension, tell dynamo that its "
+        "first size changes from call to call. Then hand the same arguments back.",
+        "`isinstance` against torch.Tensor and the tensor's `dim()` pick the tensors to mark; "
+        "dynamo's `maybe_mark_dynamic(tensor, dim)` (in torch._dynamo) marks one dimension of one tensor.",
+        "Leave 1-D weights alone: their size is fixed by the model, and a static size lets inductor unroll "
+        "and vectorise for it. Floats and ints pass through untouched. Return the tuple you were given, not "
+        "a copy or a list. Use maybe_mark_dynamic rather than mark_dynamic: a decode of batch 1 has a size "
+        "of 1, which dynamo always specialises.",
+    ),
 }
 
 

@@ -1,11 +1,14 @@
 """Decode steps replayed per batch-size bucket instead of run op by op (chapter 07).
 
 A decode step of a small model is hundreds of small operations; run eagerly, each costs Python and dispatcher
-time on the host (and, on a GPU, a kernel launch). So the step is prepared once per batch size and then
-replayed: a batch of n sequences runs in the smallest bucket that holds it, its rows padded. On a GPU the
-replay would be a CUDA graph (one launch for the whole step, as nano-vllm and vLLM do); on a CPU it is the
-step compiled by torch.compile with fixed shapes (inductor's generated C++: one call, elementwise chains fused).
-A bucket is compiled the first time a batch needs it, so an engine starts at once.
+time on the host and, on a GPU, a kernel launch. So the step is prepared once per batch size and replayed: a
+batch of n sequences runs in the smallest bucket that holds it, its rows padded. On a GPU the replay is a CUDA
+graph (one launch for the whole step, as nano-vllm and vLLM do); on a CPU it is the step compiled by
+torch.compile with fixed shapes (inductor's generated C++: one call, elementwise chains fused), built the first
+time a batch needs it, so that an engine starts at once.
+
+Both read their inputs from the model runner's preallocated buffers, so each replay finds the step's tokens,
+positions, slots and block tables at the addresses it was recorded with.
 """
 import time
 
@@ -13,71 +16,165 @@ import torch
 
 from minillm.utils.context import Context, get_context, reset_context, set_context
 
+PAD_SLOT_ID = -1  # vLLM's name: the cache slot of a padded row. The runner's cache keeps a spare block at its
+# end, and slot -1 indexes the last slot, so padded rows write there and every decode store is mask-free.
+
 
 def decode_buckets(max_batch: int) -> list[int]:
-    """The batch sizes prepared in advance: 1, 2, 4, 8, then every multiple of 16 up to max_batch (nano-vllm's
-    list). Small batches get tight buckets; larger ones waste at most 15 padded rows."""
+    """The batch sizes a decode step is prepared for: 1, 2, 4, 8, then every multiple of 16 up to max_batch.
+
+    max_batch is a positive int, the most sequences a step can hold (the engine passes max_num_seqs, capped at
+    512). Returns a list of ints in increasing order, none larger than max_batch: the powers of two 1, 2, 4
+    and 8 that are ≤ max_batch, followed by 16, 32, 48, ... up to the largest multiple of 16 that is
+    ≤ max_batch. This is nano-vllm's list: small batches get tight buckets, and a larger batch wastes at
+    most 15 padded rows, with one prepared step per 16 rows instead of one per batch size.
+
+    Examples: max_batch 256 gives [1, 2, 4, 8, 16, 32, ..., 240, 256]; 20 gives [1, 2, 4, 8, 16]; 3 gives
+    [1, 2]; 1 gives [1]. When max_batch is not a multiple of 16 (20), the largest bucket is below it, and a
+    batch of 17-20 has no bucket (it runs eagerly).
+    """
+    # BEGIN EXERCISE 07.1: decode buckets — 1, 2, 4, 8, then every multiple of 16, none past max_batch
     return [b for b in (1, 2, 4, 8) if b <= max_batch] + list(range(16, max_batch + 1, 16))
+    # END EXERCISE
 
 
 def pick_bucket(buckets: list[int], batch: int) -> int | None:
-    """The smallest bucket that holds `batch` rows, or None when the batch is larger than every bucket (then the
-    step runs eagerly)."""
+    """The bucket a decode batch of `batch` rows runs in: the smallest of `buckets` that is ≥ batch.
+
+    buckets is a list of ints in increasing order (as decode_buckets returns); batch is a positive int, the
+    number of sequences in the step. Returns that bucket as an int, or None when batch is larger than every
+    bucket: then no prepared step holds it and the step runs eagerly. A batch equal to a bucket gets exactly
+    that bucket (no padding).
+
+    Examples, buckets [1, 2, 4, 8, 16, 32]: batch 1 → 1, 3 → 4, 8 → 8, 9 → 16, 17 → 32, 33 → None.
+    """
+    # BEGIN EXERCISE 07.2: pick the bucket — the smallest one that holds the batch, None if none does
     return next((b for b in buckets if b >= batch), None)
+    # END EXERCISE
+
+
+def pad_decode_inputs(input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                      context_lens: torch.Tensor, block_tables: torch.Tensor, batch: int, bucket: int) -> None:
+    """Turn rows batch .. bucket-1 of a decode step's input buffers into padding, in place.
+
+    The buffers are the model runner's, each at least `bucket` rows long, with the step's real rows
+    0 .. batch-1 already written: input_ids, positions, slot_mapping and context_lens are integer tensors
+    [rows]; block_tables is [rows, max_blocks]. A prepared step always runs on exactly `bucket` rows, so
+    the rows past the batch must hold inputs that are harmless: a padded row reads token 0 at position 0,
+    writes its key and value to slot PAD_SLOT_ID (-1, the spare last slot of the cache, never a real
+    sequence's), attends to one key (context_lens 1) in block 0 (every entry of its block_tables row is 0).
+    Its output is computed and never read. Rows before `batch` and rows from `bucket` on are not touched;
+    nothing is returned. batch == bucket pads nothing; batch 0 pads every row (used when a bucket is
+    prepared before any request exists).
+
+    Example: batch 3, bucket 4 → row 3 becomes input_ids 0, positions 0, slot_mapping -1, context_lens 1,
+    block_tables row [0, 0, ...]; rows 0-2 keep the step's values.
+    """
+    # BEGIN EXERCISE 07.3: pad the batch — fill rows batch..bucket-1 with a harmless row writing to PAD_SLOT_ID
+    rows = slice(batch, bucket)
+    input_ids[rows] = 0
+    positions[rows] = 0
+    slot_mapping[rows] = PAD_SLOT_ID
+    context_lens[rows] = 1
+    block_tables[rows] = 0
+    # END EXERCISE
 
 
 class DecodeGraphs:
-    """Runs decode steps of `runner`'s model per bucket, on the runner's preallocated input buffers."""
+    """Runs decode steps of `runner`'s model per bucket, on the runner's preallocated input buffers: the
+    choice of bucket and the padding are shared; how a bucket is built and replayed is the subclass's."""
+
+    whole_block_tables = False  # pass every column of the block-table buffer (a recorded graph's fixed shape)
 
     def __init__(self, runner, max_batch: int):
         self.runner, self.buckets = runner, decode_buckets(max_batch)
-        # one compiled model; dynamo specialises it once per input shape, i.e. once per bucket
-        self.compiled = torch.compile(runner.model, dynamic=False, fullgraph=True)
-        self.build_seconds: dict[int, float] = {}  # bucket -> time its first run took (compiling included)
-        # every bucket is one more compiled version of the same forward: let dynamo keep them all
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, len(self.buckets) + 8)
+        self.build_seconds: dict[int, float] = {}  # bucket -> time building it took
 
     def __call__(self, batch: int) -> torch.Tensor | None:
-        """The hidden states [batch, hidden] of the decode step prepared in the runner's buffers and context
-        (prepare_decode), computed in its bucket; None if no bucket holds `batch`."""
+        """The hidden states [batch, hidden] of the decode step that prepare_decode wrote into the runner's
+        buffers and the step context, computed in its bucket; None if no bucket holds it."""
         bucket = pick_bucket(self.buckets, batch)
         if bucket is None:
             return None
-        self.pad(batch, bucket)
-        return self.step(bucket)[:batch]
+        ctx = get_context()
+        self.set_padded_context(batch, bucket, ctx.block_tables.shape[1], ctx.context_lens_cpu)
+        return self.replay(bucket)[:batch]
 
-    def step(self, bucket: int) -> torch.Tensor:
-        """Run the bucket's compiled step on the first `bucket` rows of the input buffers (compiled on first use)."""
-        r, start = self.runner, time.perf_counter()
-        hidden = self.compiled(r.input_ids[:bucket], r.positions[:bucket])
-        self.build_seconds.setdefault(bucket, time.perf_counter() - start)
-        return hidden
+    def set_padded_context(self, batch: int, bucket: int, width: int, context_lens_cpu: list[int]) -> None:
+        """Pad the buffers from `batch` to `bucket` rows and point the step context at their first rows."""
+        r = self.runner
+        pad_decode_inputs(r.input_ids, r.positions, r.slot_mapping, r.context_lens, r.block_tables_buf, batch, bucket)
+        tables = r.block_tables_buf[:bucket] if self.whole_block_tables else r.block_tables_buf[:bucket, :width]
+        set_context(Context(slot_mapping=r.slot_mapping[:bucket], context_lens=r.context_lens[:bucket],
+                            block_tables=tables, context_lens_cpu=context_lens_cpu + [1] * (bucket - batch)))
 
     @torch.inference_mode()
     def capture(self, max_batch: int | None = None) -> None:
-        """Build every bucket (up to max_batch) now rather than on first use, largest first as nano-vllm
-        captures, on padding rows alone (they write no cache slot)."""
+        """Build every bucket (up to max_batch) now, largest first as nano-vllm captures, on padding alone."""
         for bucket in reversed([b for b in self.buckets if max_batch is None or b <= max_batch]):
-            set_context(Context(block_tables=self.runner.block_tables_buf[:0, :1]))
-            try:
-                self.pad(0, bucket)
-                self.step(bucket)
-            finally:
-                reset_context()
-
-    def pad(self, batch: int, bucket: int) -> None:
-        """Extend the step from `batch` to `bucket` rows: a padded row reads token 0 at position 0, writes to no
-        cache slot (-1) and attends to one key of block 0; its output is never read."""
-        r, ctx = self.runner, get_context()
-        r.input_ids[batch:bucket] = 0
-        r.positions[batch:bucket] = 0
-        r.slot_mapping[batch:bucket] = -1
-        r.context_lens[batch:bucket] = 1
-        r.block_tables_buf[batch:bucket] = 0
-        set_context(Context(slot_mapping=r.slot_mapping[:bucket], context_lens=r.context_lens[:bucket],
-                            block_tables=r.block_tables_buf[:bucket, :ctx.block_tables.shape[1]],
-                            context_lens_cpu=ctx.context_lens_cpu + [1] * (bucket - batch)))
+            if bucket not in self.build_seconds:
+                self.set_padded_context(0, bucket, 1, [])
+                try:
+                    start = time.perf_counter()
+                    self.build(bucket)
+                    self.build_seconds[bucket] = time.perf_counter() - start
+                finally:
+                    reset_context()
 
     def describe(self) -> str:
         built = ", ".join(f"{b} ({s:.1f} s)" for b, s in sorted(self.build_seconds.items())) or "none yet"
-        return f"compiled decode steps in buckets {self.buckets}; built so far: {built}"
+        return f"{self.kind} in buckets {self.buckets}; built so far: {built}"
+
+
+class CompiledDecodeSteps(DecodeGraphs):
+    """The CPU's replay: the model compiled once by torch.compile, which dynamo specialises per input shape,
+    i.e. once per bucket. Attention stays one opaque op (see Attention.forward), so its block tables may be
+    as narrow as the step's longest context."""
+
+    kind = "compiled decode steps"
+
+    def __init__(self, runner, max_batch: int):
+        super().__init__(runner, max_batch)
+        self.compiled = torch.compile(runner.model, dynamic=False, fullgraph=True)
+        # every bucket is one more compiled version of the same forward: let dynamo keep them all
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, len(self.buckets) + 8)
+
+    def build(self, bucket: int) -> None:
+        self.replay(bucket)
+
+    def replay(self, bucket: int) -> torch.Tensor:
+        start = time.perf_counter()
+        hidden = self.compiled(self.runner.input_ids[:bucket], self.runner.positions[:bucket])
+        self.build_seconds.setdefault(bucket, time.perf_counter() - start)  # the first run compiles
+        return hidden
+
+
+class CUDADecodeGraphs(DecodeGraphs):
+    """The GPU's replay: each bucket's step recorded once as a torch.cuda.CUDAGraph (all buckets captured at
+    start, largest first, sharing one memory pool) and replayed with one call. A graph replays the kernels it
+    recorded on the addresses it recorded: inputs are read from the runner's buffers, the output is written to
+    one static buffer, block tables always span every column, and nothing in the step may depend on a value
+    read back to the host (the decode store writes padding to PAD_SLOT_ID instead of masking it out)."""
+
+    kind = "CUDA graphs"
+    whole_block_tables = True
+
+    def __init__(self, runner, max_batch: int):
+        super().__init__(runner, max_batch)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = None  # the memory pool of the first (largest) graph, shared by the others
+        self.outputs = torch.zeros(self.buckets[-1], runner.model.config.hidden_size,
+                                   dtype=runner.model.lm_head.weight.dtype, device=runner.device)
+
+    def build(self, bucket: int) -> None:
+        r, graph = self.runner, torch.cuda.CUDAGraph()
+        self.outputs[:bucket] = r.model(r.input_ids[:bucket], r.positions[:bucket])  # warm-up: lazy init, compile
+        with torch.cuda.graph(graph, self.pool):
+            self.outputs[:bucket] = r.model(r.input_ids[:bucket], r.positions[:bucket])
+        self.pool = self.pool or graph.pool()
+        self.graphs[bucket] = graph
+        torch.cuda.synchronize()
+
+    def replay(self, bucket: int) -> torch.Tensor:
+        self.graphs[bucket].replay()
+        return self.outputs[:bucket]

@@ -7,13 +7,14 @@ eager, compiled and graph replay); the `Sampler` picks the tokens.
 import torch
 
 from minillm.config import Config
-from minillm.engine.graphs import DecodeGraphs
+from minillm.engine.graphs import CompiledDecodeSteps, CUDADecodeGraphs
 from minillm.engine.kv_cache import allocate_kv_cache, kv_cache_bytes_per_token
 from minillm.engine.sequence import Sequence
 from minillm.layers.attention import Attention, select_attention_backend
 from minillm.layers.paged_attention import slot_mapping_for
 from minillm.layers.sampler import Sampler, SamplingMetadata
 from minillm.models import build_model
+from minillm.utils.compile import compiled_layers
 from minillm.utils.context import Context, get_context, reset_context, set_context
 
 
@@ -32,26 +33,33 @@ class ModelRunner:
         if self.num_kvcache_blocks < 1:
             raise ValueError(f"no memory is left for the KV cache (one block needs {bytes_per_block} bytes): "
                              "raise kvcache_memory_bytes / gpu_memory_utilization or use a smaller model")
-        self.kv_cache = allocate_kv_cache(self.model, self.num_kvcache_blocks, self.block_size)
+        # one spare block at the end, never handed out: padded rows of a decode step write there (PAD_SLOT_ID)
+        self.kv_cache = allocate_kv_cache(self.model, self.num_kvcache_blocks + 1, self.block_size)
         self.sampler = Sampler()
+        self.compile_layers = self.device.type == "cuda" if config.compile_layers is None else config.compile_layers
         self.graphs, self.eager_reason = None, self.why_eager(config)
-        if self.eager_reason is None:
-            self.graphs = DecodeGraphs(self, min(config.max_num_seqs, 512))
+        if self.eager_reason is None and self.device.type == "cuda":
+            self.graphs = CUDADecodeGraphs(self, min(config.max_num_seqs, 512))
+            with compiled_layers(self.compile_layers):
+                self.graphs.capture()
+        elif self.eager_reason is None:
+            self.graphs = CompiledDecodeSteps(self, min(config.max_num_seqs, 512))
 
     def why_eager(self, config: Config) -> str | None:
-        """Why decode steps run op by op, or None when they run as compiled steps per bucket."""
+        """Why decode steps run op by op, or None when they are replayed per bucket (CUDA graphs, or compiled
+        steps on a CPU)."""
         if config.enforce_eager:
             return "enforce_eager=True"
-        if self.device.type == "cuda":
-            return "CUDA graph capture is not written yet (chapter 07)"
-        if config.enforce_eager is None:
+        if config.enforce_eager is None and self.device.type != "cuda":
             return "the CPU default: compiling costs seconds per batch-size bucket; enforce_eager=False turns it on"
         return None
 
     @property
     def graph_mode(self) -> str:
-        """How decode steps run: eager (and why) or compiled per bucket (and what was built, in how long)."""
-        return f"eager ({self.eager_reason})" if self.graphs is None else self.graphs.describe()
+        """How decode steps run: eager (and why) or per bucket (and what was built, in how long); and whether
+        the layers' hot functions are compiled."""
+        steps = f"eager ({self.eager_reason})" if self.graphs is None else self.graphs.describe()
+        return f"{steps}; layers {'compiled' if self.compile_layers else 'eager'}"
 
     def allocate_input_buffers(self, config: Config) -> None:
         """Input tensors at their largest (a step's tokens, its sequences, a sequence's blocks), allocated once;
@@ -152,12 +160,13 @@ class ModelRunner:
         """The forward pass on prepared inputs: logits of the rows that sample (in a prefill, the last new token
         of each sequence that reaches its end; in a decode, every row). A decode step runs in its bucket's
         compiled step when the runner has them (self.graphs), else op by op."""
-        hidden = None if is_prefill or self.graphs is None else self.graphs(len(input_ids))
-        if hidden is None:
-            hidden = self.model(input_ids, positions)
-        if is_prefill:
-            hidden = hidden[get_context().logits_indices]
-        return self.model.compute_logits(hidden)
+        with compiled_layers(self.compile_layers):
+            hidden = None if is_prefill or self.graphs is None else self.graphs(len(input_ids))
+            if hidden is None:
+                hidden = self.model(input_ids, positions)
+            if is_prefill:
+                hidden = hidden[get_context().logits_indices]
+            return self.model.compute_logits(hidden)
 
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int | None]:
         """One step; a token for each sequence that reached its end, None for a prefill chunk that did not.
@@ -169,5 +178,7 @@ class ModelRunner:
         finally:
             reset_context()
         sampled = [seq for seq in batch if seq.samples_this_step]
-        tokens = dict(zip(sampled, self.sampler(logits, self.prepare_sample(sampled)).tolist() if sampled else []))
+        with compiled_layers(self.compile_layers):
+            tokens = self.sampler(logits, self.prepare_sample(sampled)).tolist() if sampled else []
+        tokens = dict(zip(sampled, tokens))
         return [tokens.get(seq) for seq in seqs]

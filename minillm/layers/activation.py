@@ -3,6 +3,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minillm.utils.compile import hot
+
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """SwiGLU's activation: split x's last dimension into [gate | up] halves and return silu(gate) * up.
@@ -23,4 +25,4 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return silu_and_mul(x)
+        return hot(silu_and_mul)(x)

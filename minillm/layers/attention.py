@@ -5,7 +5,8 @@ import weakref
 import torch
 from torch import nn
 
-from minillm.layers.paged_attention import gather_context, paged_decode_attention, prefill_attention, store_kvcache
+from minillm.layers.paged_attention import (gather_context, paged_decode_attention, prefill_attention, store_decode_kvcache,
+                                            store_kvcache)
 from minillm.utils.context import Context, get_context
 
 
@@ -55,7 +56,10 @@ class TorchAttentionBackend:
     decode_rows = 16
 
     def store_kvcache(self, k, v, k_cache, v_cache, ctx: Context) -> None:
-        store_kvcache(k, v, k_cache, v_cache, ctx.slot_mapping)
+        if ctx.is_prefill:  # slot -1: a token whose key is in a cached prefix block already, skipped
+            store_kvcache(k, v, k_cache, v_cache, ctx.slot_mapping)
+        else:  # one token per row, padded rows to the spare slot: no mask, so a CUDA graph can record it
+            store_decode_kvcache(k, v, k_cache, v_cache, ctx.slot_mapping)
 
     def prefill(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
         if ctx.block_tables is not None:  # some keys were computed in earlier steps: read them all from the cache

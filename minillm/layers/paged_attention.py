@@ -55,6 +55,16 @@ def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cac
     # END EXERCISE
 
 
+def store_decode_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         slot_mapping: torch.Tensor) -> None:
+    """store_kvcache for a decode step, without the mask: every row's slot is its own, or PAD_SLOT_ID (-1) for
+    a padded row, which indexes the last slot of the cache, a spare one the model runner never hands out. So
+    the step's work does not depend on how many rows are real: a mask would pick a data-dependent number of
+    rows, read back to the host, which a CUDA graph cannot record (chapter 07)."""
+    k_cache.view(-1, *k_cache.shape[2:])[slot_mapping] = k
+    v_cache.view(-1, *v_cache.shape[2:])[slot_mapping] = v
+
+
 def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
     """Each sequence's blocks in table order, as positions: [num_seqs, max_blocks * block_size, kv_heads, head_dim].
 

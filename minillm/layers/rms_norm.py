@@ -2,6 +2,8 @@
 import torch
 from torch import nn
 
+from minillm.utils.compile import hot
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Normalise every vector of x to root mean square 1 along the last dimension, then scale it by weight.
@@ -27,6 +29,30 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # END EXERCISE
 
 
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's residual add and the RMSNorm that follows it, as one function: (rms_norm(x + residual), x + residual).
+
+    x is a sublayer's output and residual the running sum of the layer's input and earlier outputs, both
+    [tokens, hidden] in the same float dtype; weight [hidden] and eps as for rms_norm. Returns a pair:
+    first the normalised sum (rms_norm of x + residual with weight and eps, in x's dtype), then the new
+    residual x + residual itself, which the next layer adds its own output to. Neither input is modified.
+
+    Eagerly this is an add, then the five or so operations of rms_norm, each reading and writing all of
+    [tokens, hidden] once. Compiled (chapter 08), inductor fuses the add, the squares, the mean, the rsqrt and
+    the scaling into one kernel that reads x and residual once and writes both outputs. The tests compare both
+    outputs with x + residual and torch's F.rms_norm (fp32 and bf16), check that the inputs are unchanged,
+    and compile your function and count its kernels: there must be exactly one.
+
+    Example: x = [1, 2], residual = [2, 2], weight = [1, 1], eps = 0: the sum is [3, 4]; its RMS is 3.536, so
+    the pair is ([0.849, 1.131], [3, 4]).
+    """
+    # BEGIN EXERCISE 08.1: add + RMSNorm — the new residual x + residual, and its RMSNorm, as one fusible function
+    residual = x + residual
+    return rms_norm(residual, weight, eps), residual
+    # END EXERCISE
+
+
 class RMSNorm(nn.Module):
     """RMSNorm with an optional fused residual add: norm(x + residual), returning the new residual too."""
 
@@ -37,6 +63,5 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is None:
-            return rms_norm(x, self.weight, self.eps)
-        residual = x + residual
-        return rms_norm(residual, self.weight, self.eps), residual
+            return hot(rms_norm)(x, self.weight, self.eps)
+        return hot(add_rms_norm)(x, residual, self.weight, self.eps)

@@ -9,6 +9,8 @@ import math
 import torch
 from torch import nn
 
+from minillm.utils.compile import hot
+
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
     """Angular frequency of each channel pair: theta^(-2i/head_dim), adjusted by the checkpoint's rope scaling."""
@@ -64,4 +66,4 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        return hot(apply_rotary)(q, cos, sin), hot(apply_rotary)(k, cos, sin)

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from minillm.sampling_params import SamplingParams
+from minillm.utils.compile import hot
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -74,7 +75,7 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         return greedy
     logits = logits.float() / torch.where(md.temperatures > 0, md.temperatures, 1.0)[:, None]
     if md.truncated_rows is not None:
-        logits[md.truncated_rows] = apply_top_k_top_p(logits[md.truncated_rows], md.top_k, md.top_p)
+        logits[md.truncated_rows] = hot(apply_top_k_top_p)(logits[md.truncated_rows], md.top_k, md.top_p)
     probs = logits.softmax(dim=-1)
     noise = torch.empty_like(probs).exponential_()
     for row, generator in md.generators.items():

@@ -80,7 +80,7 @@ def our_processes(before: set[int], scratch: Path) -> list:
     import psutil
     found = {p.pid: p for p in psutil.Process().children(recursive=True) if p.pid not in before}
     for p in psutil.process_iter(["cmdline"]):
-        if str(scratch) in " ".join(p.info["cmdline"] or []):
+        if p.pid != os.getpid() and str(scratch) in " ".join(p.info["cmdline"] or []):
             found[p.pid] = p
     alive = []
     for p in found.values():
@@ -106,7 +106,10 @@ def stop(server: subprocess.Popen, lab: Lab | None):
             pass
     for sig in (None, signal.SIGTERM, signal.SIGKILL):
         if sig is not None and server.poll() is None:
-            os.killpg(server.pid, sig)  # its own process group (start_new_session)
+            try:
+                os.killpg(server.pid, sig)  # its own process group (start_new_session)
+            except ProcessLookupError:
+                pass
         try:
             server.wait(timeout=10)
             break
@@ -162,7 +165,7 @@ def lab(tmp_path_factory):
         command.append("--allow-root")  # CI runs as root; JupyterLab refuses to without this
     log_path = SHOTS / "jupyterlab.log"
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    server, lab, context = None, None, None
+    server, lab = None, None
     try:
         with open(log_path, "w") as log, sync_playwright() as playwright:
             server = subprocess.Popen(command, cwd=course, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -178,15 +181,12 @@ def lab(tmp_path_factory):
                     time.sleep(0.5)
             context = playwright.chromium.launch_persistent_context(
                 scratch / "chromium", executable_path=chromium, headless=True, viewport={"width": 1280, "height": 900})
-            lab.new_page = context.new_page
-            lab.log = log_path
-            yield lab
-    finally:
-        if context is not None:
             try:
+                lab.new_page, lab.log = context.new_page, log_path
+                yield lab
+            finally:
                 context.close()
-            except Exception:
-                pass
+    finally:
         if server is not None:
             stop(server, lab)
         survivors = []
@@ -215,12 +215,18 @@ CELLS_JS = """() => {
     const cell = panel.content.model.cells.get(i);
     if (cell.type !== 'code') continue;
     const outputs = cell.outputs.toJSON().map(o => ({type: o.output_type, ename: o.ename, evalue: o.evalue,
-                                                     mimes: Object.keys(o.data || {})}));
+      lines: (o.traceback || []).join('\\n').replace(/\\x1b\\[[0-9;]*m/g, '').split('\\n')}));
     cells.push({index: i, count: cell.executionCount, source: cell.sharedModel.getSource(), outputs});
   }
   return {kernel: panel.sessionContext.session?.kernel?.name, display: panel.sessionContext.kernelDisplayName,
           status: panel.sessionContext.kernelDisplayStatus, cells};
 }"""
+
+
+def failing_line(cell: dict, error: dict) -> str:
+    """The line IPython's traceback points at (---->), else the cell's first line."""
+    arrows = [line for line in error["lines"] if re.match(r"\s*-+>", line)]
+    return (arrows[-1] if arrows else cell["source"].strip().splitlines()[0]).strip()[:160]
 
 
 def open_notebook(lab, name: str):
@@ -283,7 +289,7 @@ def test_notebook_runs_in_jupyterlab(lab, name):
         toolbar = panel.locator(".jp-NotebookPanel-toolbar .jp-KernelName").inner_text()
         assert toolbar.strip() == KERNEL_DISPLAY, f"the toolbar shows the kernel {toolbar!r}, not {KERNEL_DISPLAY!r}"
 
-        errors = [f"cell {c['index']} [{c['count']}]: {o['ename']}: {o['evalue']}\n    {c['source'][:200]}"
+        errors = [f"cell {c['index']} [{c['count']}]: {o['ename']}: {o['evalue']}, at: {failing_line(c, o)}"
                   for c in state["cells"] for o in c["outputs"] if o["type"] == "error"]
         assert not errors, f"{name}: error outputs after Run All Cells:\n" + "\n".join(errors)
         not_run = [f"cell {c['index']}: {c['source'][:80]!r}" for c in state["cells"] if c["source"].strip() and not c["count"]]

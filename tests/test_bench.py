@@ -8,7 +8,7 @@ from checkpoints import make_checkpoint
 
 from minillm import default_model_path
 from minillm.bench import main, workloads
-from minillm.bench.backends import Models, run_compiled, run_minillm, run_static
+from minillm.bench.backends import Models, run_compiled, run_compiled_layers, run_eager, run_minillm, run_static
 from minillm.bench.breakdown import PARTS, StepBreakdown
 from minillm.bench.cli import DEFAULT_BACKENDS, check_token_counts, parse_args
 from minillm.bench.hf import batch_sizes, generate_padded, run_hf_generate_batch
@@ -155,13 +155,16 @@ def test_every_backend_generates_the_same_greedy_tokens_past_eos(eos_checkpoint)
     assert padded == alone  # padding changes nothing: greedy, masked
     runs = [run_hf_generate_batch(models, workload, warmup, args=None), run_minillm(models, workload, warmup, None),
             run_static(models, workload, warmup, SimpleNamespace(static_batch_size=2)),
-            run_compiled(models, workload, warmup, None)]
+            run_compiled(models, workload, warmup, None), run_compiled_layers(models, workload, warmup, None),
+            run_eager(models, workload, warmup, None)]
     for run in runs:
         assert run.token_ids == alone
         assert all(arrival <= first <= finish for arrival, first, finish in run.times)
     assert runs[1].info["breakdown"]["decode"]["num_steps"] == 10  # the longest request's 11 tokens - 1
     assert sorted(models.compiled_engine.model_runner.graphs.build_seconds) == [1, 2]  # built before the clock
     assert runs[3].info["capture_seconds"] > 0 and runs[1].info["graph_mode"].startswith("eager")
+    assert runs[4].info["graph_mode"].endswith("layers compiled") and runs[5].info["graph_mode"] == (
+        "eager (enforce_eager=True); layers eager")
     engine = models.engine  # the breakdown's and the static run's wrappers are gone
     assert "step" not in vars(engine) and "schedule" not in vars(engine.scheduler)
     assert "run_model" not in vars(engine.model_runner) and "forward" not in vars(engine.model_runner.sampler)
@@ -186,7 +189,8 @@ def test_random_model_sizes(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--backends", "minillm,vllm"], "unknown backend(s) vllm; choose from minillm, minillm-compiled, minillm-static, hf-generate, "
+    (["--backends", "minillm,vllm"], "unknown backend(s) vllm; choose from minillm, minillm-compiled, "
+                                     "minillm-compiled-layers, minillm-eager, minillm-static, hf-generate, "
                                      "hf-generate-batch"),
     (["--input-range", "256:16"], "expected MIN:MAX with 1 <= MIN <= MAX, got '256:16'"),
     (["--num-prompts", "0"], "expected a positive integer, got '0'"),
@@ -216,7 +220,7 @@ def test_end_to_end_record(tmp_path):
     assert record == json.loads(json.dumps(returned, default=str))
     assert set(record) >= {"machine", "versions", "git_commit", "config", "model", "workload", "results",
                            "minillm_speedup", "breakdown"}
-    assert set(record["machine"]) == {"cpu", "num_cores", "torch_threads", "device"}
+    assert set(record["machine"]) == {"cpu", "num_cores", "torch_threads", "device", "gpu"}
     assert set(record["versions"]) == {"python", "torch", "transformers", "minillm"}
     assert set(vars(parse_args([]))) <= set(record["config"])
     assert record["model"]["name"] == "random-tiny" and record["model"]["path"] is None

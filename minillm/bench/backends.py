@@ -54,10 +54,15 @@ class Models:
         return LLM(self.path, **self.engine_options | {"compile_layers": True})
 
     @cached_property
+    def eager_engine(self) -> LLM:
+        """An engine with nothing compiled or captured, on any device (on a CPU, that is the default engine)."""
+        return LLM(self.path, **self.engine_options | {"enforce_eager": True, "compile_layers": False})
+
+    @cached_property
     def hf_model(self):
         from minillm.bench.hf import load_model
 
-        return load_model(self.path)
+        return load_model(self.path).to(self.engine_option("device"))
 
 
 def progress(total: int, desc: str, unit: str) -> tqdm:
@@ -107,6 +112,11 @@ def run_compiled(models: Models, workload: Workload, warmup: Workload, args) -> 
 def run_compiled_layers(models: Models, workload: Workload, warmup: Workload, args) -> Run:
     """minillm with the layers' hot functions compiled: they compile in the warm-up, before the clock."""
     return run_minillm(models, workload, warmup, args, models.compiled_layers_engine)
+
+
+def run_eager(models: Models, workload: Workload, warmup: Workload, args) -> Run:
+    """minillm with every step op by op and nothing compiled: the baseline for CUDA graphs on a GPU."""
+    return run_minillm(models, workload, warmup, args, models.eager_engine)
 
 
 def run_static(models: Models, workload: Workload, warmup: Workload, args) -> Run:

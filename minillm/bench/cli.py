@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from minillm.bench import workloads
-from minillm.bench.backends import Models, run_compiled, run_compiled_layers, run_minillm, run_static
+from minillm.bench.backends import Models, run_compiled, run_compiled_layers, run_eager, run_minillm, run_static
 from minillm.bench.hf import AUTO_BATCH_SIZES, run_hf_generate, run_hf_generate_batch
 from minillm.bench.metrics import latency, throughput
 from minillm.bench.models import RANDOM_SIZES, checkpoint, num_parameters, read_config, special_token_ids
@@ -26,11 +26,13 @@ BACKENDS = {
     "minillm": run_minillm,
     "minillm-compiled": run_compiled,
     "minillm-compiled-layers": run_compiled_layers,
+    "minillm-eager": run_eager,
     "minillm-static": run_static,
     "hf-generate": run_hf_generate,
     "hf-generate-batch": run_hf_generate_batch,
 }
-DEFAULT_BACKENDS = [name for name in BACKENDS if not name.startswith("minillm-compiled")]
+VARIANTS = ("minillm-compiled", "minillm-compiled-layers", "minillm-eager")  # the engine with other settings
+DEFAULT_BACKENDS = [name for name in BACKENDS if name not in VARIANTS]
 WARMUP_PROMPTS, WARMUP_OUTPUT_LEN = 4, 16
 
 
@@ -65,8 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     n, lengths = dict(type=positive_int, metavar="N"), dict(type=length_range, metavar="MIN:MAX")
     p.add_argument("--backends", type=backend_list, metavar="LIST", default=DEFAULT_BACKENDS,
-                   help=f"comma-separated, from {', '.join(BACKENDS)} (default: all but the minillm-compiled ones, "
-                        "whose compiling takes seconds to minutes before the clock starts)")
+                   help=f"comma-separated, from {', '.join(BACKENDS)} (default: all but the engine variants "
+                        f"{', '.join(VARIANTS)}: compiled decode steps per bucket, compiled layers, all eager)")
     w = p.add_argument_group("workload (random token ids, ignore_eos: every request generates exactly its length)")
     w.add_argument("--workload", choices=["fixed", "mixed", "shared-prefix"], default="fixed")
     w.add_argument("--num-prompts", **n, default=64)
@@ -88,6 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     e.add_argument("--hf-batch-size", type=hf_batch_size, metavar="N|auto", default="auto",
                    help=f"hf-generate: N, or auto = the fastest of {', '.join(map(str, AUTO_BATCH_SIZES))} "
                         "(capped at the number of prompts)")
+    e.add_argument("--device", default="cpu", help="cpu or cuda, for every backend (default: cpu)")
     e.add_argument("--threads", **n, help="torch.set_num_threads for all backends (default: torch's)")
     o = p.add_argument_group("output")
     o.add_argument("--output-json", type=Path, metavar="PATH",
@@ -109,7 +112,7 @@ def engine_options(args, path: Path, workload: Workload) -> dict:
     minillm never preempts and static batching can reserve its batches up front; token ids alone when the
     checkpoint has no tokenizer (a random model)."""
     options = {name: getattr(args, name) for name in ("max_num_seqs", "max_num_batched_tokens", "kvcache_block_size")
-               if getattr(args, name) is not None}
+               if getattr(args, name) is not None} | {"device": args.device}
     block_size = options.get("kvcache_block_size", Config.kvcache_block_size)
     batch = max(options.get("max_num_seqs", Config.max_num_seqs), args.static_batch_size or 0)
     need = batch * math.ceil(workload.max_len / block_size) * block_size * kv_cache_bytes_per_token(
@@ -183,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict:
         print("\nminillm step breakdown (share of step time)\n" + breakdown_table(breakdown))
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    record = dict(created=stamp, machine=machine(Config.device), versions=versions(), **git_state(),
+    record = dict(created=stamp, machine=machine(args.device), versions=versions(), **git_state(),
                   config=vars(args) | {"engine_options": models.engine_options}, model=model,
                   workload=dict(name=args.workload, num_requests=len(workload),
                                 num_input_tokens=workload.num_input_tokens,

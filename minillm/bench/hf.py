@@ -40,8 +40,8 @@ def generate_padded(model, workload: Workload, batch_size: int, bar=None) -> lis
     for i in range(0, len(workload), batch_size):
         prompts, lens = workload.prompts[i:i + batch_size], workload.output_lens[i:i + batch_size]
         width = max(map(len, prompts))
-        input_ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
-        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        input_ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts], device=model.device)
+        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max(lens))
         tokens += [row[:n] for row, n in zip(out[:, width:].tolist(), lens)]
         if bar is not None:

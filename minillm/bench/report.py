@@ -14,7 +14,8 @@ from minillm.bench.breakdown import PARTS
 def machine(device: str = "cpu") -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
                 if line.startswith("model name")), platform.processor() or None)
-    return dict(cpu=cpu, num_cores=os.cpu_count(), torch_threads=torch.get_num_threads(), device=device)
+    gpu = torch.cuda.get_device_name() if device.startswith("cuda") else None
+    return dict(cpu=cpu, num_cores=os.cpu_count(), torch_threads=torch.get_num_threads(), device=device, gpu=gpu)
 
 
 def versions() -> dict:

@@ -118,6 +118,8 @@ class Config:
         for name in ("max_num_seqs", "max_num_batched_tokens", "kvcache_block_size", "kvcache_memory_bytes"):
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.kvcache_block_size & (self.kvcache_block_size - 1):
+            raise ValueError(f"kvcache_block_size must be a power of two (16 is usual), got {self.kvcache_block_size}")
         if self.num_kvcache_blocks is not None and not self.num_kvcache_blocks >= 1:
             raise ValueError(f"num_kvcache_blocks must be >= 1, got {self.num_kvcache_blocks!r}")
         if self.scheduling_policy not in ("fcfs", "priority"):

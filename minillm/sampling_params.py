@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 is greedy; top_k 0 and top_p 1 keep the whole vocabulary; seed makes a request's draws
-    reproducible whatever else shares its batch."""
+    """temperature 0 is greedy; top_k 0 (or vLLM's -1) and top_p 1 keep the whole vocabulary; seed makes a
+    request's draws reproducible whatever else shares its batch."""
 
     temperature: float = 1.0
     top_k: int = 0
@@ -20,8 +20,9 @@ class SamplingParams:
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
                 and self.temperature >= 0):
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
-        if not (isinstance(self.top_k, int) and self.top_k >= 0):
-            raise ValueError(f"top_k must be an integer >= 0 (0 = no limit), got {self.top_k!r}")
+        if not (isinstance(self.top_k, int) and self.top_k >= -1):
+            raise ValueError(f"top_k must be an integer >= -1 (0 or -1 = no limit), got {self.top_k!r}")
+        object.__setattr__(self, "top_k", max(self.top_k, 0))
         if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1] (1 = no limit), got {self.top_p!r}")
         if not (isinstance(self.max_tokens, int) and self.max_tokens >= 1):

@@ -19,7 +19,7 @@ def llm(tmp_path_factory):
     (dict(temperature=math.nan), "temperature must be a finite number >= 0"),
     (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
     (dict(top_p=math.nan), r"top_p must be in \(0, 1\]"),
-    (dict(top_k=-2), "top_k must be an integer >= 0"),
+    (dict(top_k=-2), "top_k must be an integer >= -1"),
     (dict(max_tokens=0), "max_tokens must be an integer >= 1"),
     (dict(stop_token_ids=[-1]), "stop_token_ids must be token ids"),
 ])
@@ -37,8 +37,31 @@ def test_bad_sampling_parameters_are_named(kwargs, message):
 ])
 def test_bad_requests_are_rejected_before_any_work(llm, prompt, params, message):
     with pytest.raises(ValueError, match=message):
-        llm.generate(["ok", prompt], params, use_tqdm=False)
+        llm.generate(["ok" if isinstance(prompt, str) else [5, 6], prompt], params, use_tqdm=False)
     assert llm.is_finished(), "a rejected call must leave nothing queued"
+
+
+def test_top_k_minus_one_means_no_limit_as_in_vllm():
+    assert SamplingParams(top_k=-1) == SamplingParams(top_k=0)
+
+
+def test_an_empty_string_is_empty_even_where_it_encodes_to_a_bos():
+    llm = LLM(num_kvcache_blocks=8)
+    assert llm.tokenizer.encode("") != []  # the default model's tokenizer adds BOS
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        llm.generate("", use_tqdm=False)
+
+
+def test_prompts_of_strings_and_ids_mixed_are_named(llm):
+    with pytest.raises(ValueError, match="the prompts mix strings and token id lists"):
+        llm.generate(["ok", [1, 2]], use_tqdm=False)
+    assert llm.is_finished()
+
+
+@pytest.mark.parametrize("size", [0, 3, 24])
+def test_a_block_size_must_be_a_positive_power_of_two(size):
+    with pytest.raises(ValueError, match="kvcache_block_size must be a p"):
+        LLM(kvcache_block_size=size, num_kvcache_blocks=8)
 
 
 def test_one_sampling_params_per_prompt_or_one_for_all(llm):

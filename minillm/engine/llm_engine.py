@@ -72,8 +72,9 @@ class LLMEngine:
         if isinstance(prompt, str) and self.tokenizer is None:
             raise ValueError("this engine has no tokenizer (skip_tokenizer_init=True): give prompts as token id lists")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not ids:
-            raise ValueError("the prompt is empty: give at least one token (a non-empty string or id list)")
+        if not ids or prompt == "":  # "" may encode to a lone BOS: say so rather than generate from nothing
+            raise ValueError("the prompt is empty: give at least one token (a non-empty string or id list; to "
+                             "generate from nothing, the id list of the BOS token)")
         bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < self.vocab_size)]
         if bad:
             raise ValueError(f"unknown token ids {bad[:5]}: ids must be integers in [0, {self.vocab_size})")
@@ -121,6 +122,8 @@ class LLMEngine:
     def _add_all(self, prompts, sampling_params, priorities) -> list[Sequence]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
+        if len({isinstance(p, str) for p in prompts}) > 1:
+            raise ValueError("the prompts mix strings and token id lists: give all as strings or all as id lists")
         sps = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
         prios = priorities if priorities is not None else [0] * len(prompts)
         if not (len(sps) == len(prios) == len(prompts)):

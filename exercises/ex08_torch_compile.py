@@ -51,7 +51,8 @@ def mark_token_dims(args: tuple) -> tuple:
     [tokens, hidden], q [tokens, heads, head_dim], logits [rows, vocab] — and that number changes with every
     batch; a 1-D tensor is a weight [hidden] whose size is fixed by the model. Mark dimension 0 of each tensor
     with tensor.dim() ≥ 2 with torch._dynamo.maybe_mark_dynamic(tensor, 0) (the "maybe" lets dynamo still
-    specialise a size of 0 or 1), leave 1-D and 0-D tensors and non-tensors alone, and return the same tuple.
+    specialise the size where the code needs a constant, such as 0 or 1, instead of raising), leave 1-D and
+    0-D tensors and non-tensors alone, and return the same tuple.
 
     Without the marks, the first call compiles for its exact size and the second, at another size, compiles
     again (dynamo then guesses the size is dynamic). With them, calls at sizes 2, 3 and 5 share one compiled
@@ -67,4 +68,4 @@ def mark_token_dims(args: tuple) -> tuple:
     )
     # END EXERCISE
 
-# build checksum: 853ee3fbd9651893 (lets `build` tell this untouched file from your edits)
+# build checksum: c93237196246fcd1 (lets `build` tell this untouched file from your edits)

@@ -110,8 +110,9 @@ class Config:
     # default model) and gains about 1.2x.
     enforce_eager: bool | None = None
     # torch.compile the layers' hot functions (RMSNorm, add+RMSNorm, rotary, SiLU-and-mul, top-k/top-p; chapter
-    # 08), each compiled once on first use. None: on for CUDA; off on a CPU, where the first steps would wait
-    # for the compiler.
+    # 08), each compiled once on first use. None: on for CUDA, where the fused kernels are recorded in the CUDA
+    # graphs; off on a CPU, where each compiled call's fixed host cost (~60-100 µs) exceeds what fusing saves
+    # at decode sizes (measured in notebook 08) and the first steps would wait for the compiler.
     compile_layers: bool | None = None
 
     def __post_init__(self):

@@ -309,8 +309,9 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "dynamo's `maybe_mark_dynamic(tensor, dim)` (in torch._dynamo) marks one dimension of one tensor.",
         "Leave 1-D weights alone: their size is fixed by the model, and a static size lets inductor unroll "
         "and vectorise for it. Floats and ints pass through untouched. Return the tuple you were given, not "
-        "a copy or a list. Use maybe_mark_dynamic rather than mark_dynamic: a decode of batch 1 has a size "
-        "of 1, which dynamo always specialises.",
+        "a copy or a list. Use maybe_mark_dynamic rather than mark_dynamic: where the traced code needs the "
+        "size as a constant (a branch on it, a size of 0 or 1), the maybe lets dynamo specialise quietly, "
+        "where mark_dynamic insists the size stays symbolic and can raise a ConstraintViolationError.",
     ),
 }
 

@@ -6,6 +6,10 @@ it is rms_norm compiled by torch.compile once per function (inductor fuses its c
 its reduction into one kernel), with the number of tokens marked as a dynamic size so that steps of every
 batch size share one compiled version. The model runner turns it on for its steps when Config.compile_layers
 says so. A function is looked up by name at each call, so an exercise plugged in by use_impl is compiled too.
+
+Each compiled call pays a fixed host cost (dynamo's guards, the AOT wrappers): about 60-100 µs on this
+course's 2-core CPU, more than the few eager ops it replaces cost at decode sizes. So it pays where the device
+is fast and inside a CUDA graph (which replays the fused kernels without the host), not op by op on a CPU.
 """
 from contextlib import contextmanager
 from functools import cache
@@ -24,7 +28,8 @@ def mark_token_dims(args: tuple) -> tuple:
     [tokens, hidden], q [tokens, heads, head_dim], logits [rows, vocab] — and that number changes with every
     batch; a 1-D tensor is a weight [hidden] whose size is fixed by the model. Mark dimension 0 of each tensor
     with tensor.dim() ≥ 2 with torch._dynamo.maybe_mark_dynamic(tensor, 0) (the "maybe" lets dynamo still
-    specialise a size of 0 or 1), leave 1-D and 0-D tensors and non-tensors alone, and return the same tuple.
+    specialise the size where the code needs a constant, such as 0 or 1, instead of raising), leave 1-D and
+    0-D tensors and non-tensors alone, and return the same tuple.
 
     Without the marks, the first call compiles for its exact size and the second, at another size, compiles
     again (dynamo then guesses the size is dynamic). With them, calls at sizes 2, 3 and 5 share one compiled

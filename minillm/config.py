@@ -82,7 +82,11 @@ class ModelConfig:
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> "ModelConfig":
-        return cls.from_dict(json.loads((Path(path) / "config.json").read_text()))
+        file = Path(path) / "config.json"
+        if not file.is_file():
+            raise FileNotFoundError(f"{path} has no config.json: a checkpoint directory holds config.json, "
+                                    "*.safetensors and tokenizer.json (as Hugging Face writes them)")
+        return cls.from_dict(json.loads(file.read_text()))
 
 
 @dataclass

@@ -55,7 +55,7 @@ def test_unsupported_architecture_is_named(ckpt):
 
 def test_not_a_directory_says_what_to_pass(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(FileNotFoundError, match="not a local checkpoint directory"):
+    with pytest.raises(FileNotFoundError, match="no checkpoint directory at"):
         build_model(tmp_path / "no-such-model")
 
 

@@ -18,6 +18,9 @@ def resolve_model_path(model: str | Path) -> Path:
     path = Path(model).expanduser()
     if path.is_dir():
         return path
+    if path.is_absolute() or str(model).startswith((".", "~")) or str(model).count("/") != 1:  # not "org/name"
+        raise FileNotFoundError(f"no checkpoint directory at {str(model)!r}: pass the path of a directory holding "
+                                "config.json, *.safetensors and tokenizer.json (or LLM() for the default model)")
     try:
         from huggingface_hub import snapshot_download
 
@@ -37,6 +40,15 @@ def checkpoint_names(param_name: str, packed: dict) -> list[str]:
     return [param_name]
 
 
+def open_safetensors(file: Path):
+    """safe_open, with an error that names the file when it is truncated or corrupt."""
+    try:
+        return safe_open(file, "pt", "cpu")
+    except Exception as e:
+        raise ValueError(f"{file} is not a readable safetensors file ({e}): it may be truncated or corrupt; "
+                         "copy or download it again") from e
+
+
 def load_model(model: nn.Module, path: str | Path) -> None:
     """Copy every tensor of the *.safetensors files in `path` into `model`.
 
@@ -51,7 +63,7 @@ def load_model(model: nn.Module, path: str | Path) -> None:
         raise FileNotFoundError(f"no *.safetensors file in {path}")
     seen, unexpected = set(), []
     for file in files:
-        with safe_open(file, "pt", "cpu") as f:
+        with open_safetensors(file) as f:
             for name in f.keys():
                 param_name, shard_id = name, None
                 for src, (target, shard) in packed.items():

@@ -58,7 +58,8 @@ def check_books(engine: LLMEngine, requests: list) -> None:
     assert len({id(seq) for seq in queued}) == len(queued), "a sequence is queued twice"
     holders = Counter(b for seq in queued for b in seq.block_table)
     refs = {b: bm.blocks[b].ref_count for b in bm.used_block_ids}
-    assert refs == dict(holders), f"ref counts {refs} differ from the queued sequences holding each block {dict(holders)}"
+    assert refs == dict(holders), (
+        f"ref counts {refs} differ from the queued sequences holding each block {dict(holders)}")
     assert all(bm.blocks[b].ref_count == 0 for b in free), "a free block has a reference"
     for h, b in bm.hash_to_block_id.items():
         assert bm.blocks[b].hash == h, f"the prefix cache names block {b} for a hash it does not carry"

@@ -313,6 +313,46 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "size as a constant (a branch on it, a size of 0 or 1), the maybe lets dynamo specialise quietly, "
         "where mark_dynamic insists the size stays symbolic and can raise a ConstraintViolationError.",
     ),
+    "09.1": (
+        "One program, one token: find out which token you are, read where it goes, and give up at once when "
+        "that is nowhere. Otherwise copy one row of D numbers from the keys and one from the values into the "
+        "caches, as two loads and two stores of a whole row each.",
+        "`tl.program_id(0)` is the token; `tl.load` of the slot-mapping pointer plus it gives the slot, and an "
+        "`if` on the slot with a bare `return` skips the token. `tl.arange(0, BLOCK_D)` gives the lanes of a "
+        "row; compare it with D for the mask. A row of the input starts at the token times its stride, a row "
+        "of the cache at the slot times D.",
+        "Pass the same mask to every `tl.load` and `tl.store`: BLOCK_D is D rounded up to a power of two, so "
+        "the lanes past D belong to the next token (or past the end of the tensor). Use the key stride for "
+        "the keys and the value stride for the values, never D: k is a view into qkv, with rows further "
+        "apart than D. Test the slot for being negative (PAD_SLOT_ID is -1), and skip the whole program then.",
+    ),
+    "09.2": (
+        "The running sums were built relative to the largest score seen so far. When a block brings a larger "
+        "one, shrink what you have by exp(old maximum - new maximum), then add this block's exponentials and "
+        "its exponential-weighted values, both taken relative to the new maximum.",
+        "`tl.max(scores, axis=1)` is each head's block maximum and `tl.maximum` takes the larger of two "
+        "tensors elementwise. `tl.exp` of the difference of maxima is the rescale factor; `tl.sum` over axis 1 "
+        "adds a block's weights. For the values, broadcast the weights [GROUP, BLOCK_SIZE] against v "
+        "[BLOCK_SIZE, HEAD_DIM] with `[:, :, None]` and `[None, :, :]` and sum over the block axis.",
+        "Return three tensors in the order (m, l, acc), shaped [GROUP], [GROUP] and [GROUP, HEAD_DIM]. Index "
+        "the per-head factors with `[:, None]` to scale the rows of acc and of the scores. Subtract the new "
+        "maximum, not the old one, inside the exponential. The first block has m_i = -inf: exp(-inf) is 0, "
+        "so nothing is lost, but never subtract -inf from -inf (a NaN): that cannot happen as long as every "
+        "block you are given has one valid key. Masked keys arrive as -inf and must weigh exactly 0.",
+    ),
+    "09.3": (
+        "One program per row: load the row of x and the row of the residual once, add them, write the sum "
+        "out as the new residual, then normalise the sum in float32 and write it times the weight. Nothing "
+        "is read twice, and no intermediate goes back to memory.",
+        "`tl.program_id(0)` is the row, `tl.arange(0, BLOCK_N)` the columns and comparing it with N the mask. "
+        "`tl.sum(..., axis=0)` of the squares divided by N is the mean square; `tl.rsqrt` of it plus eps is "
+        "the factor. `.to(tl.float32)` and `.to(out_ptr.dtype.element_ty)` convert between the row's dtype "
+        "and float32.",
+        "Load masked lanes as 0 (the `other` argument of `tl.load`) so that they add nothing to the sum of "
+        "squares, and divide by N, not BLOCK_N. Store the sum in the inputs' dtype before converting it. Cast "
+        "the normalised row to the output dtype before the weight multiplies it, as the torch version does. "
+        "Write into the two output pointers only: the inputs must stay unchanged.",
+    ),
 }
 
 

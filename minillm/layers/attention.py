@@ -79,14 +79,49 @@ class TorchAttentionBackend:
         return torch.cat(out)
 
 
-ATTENTION_BACKENDS = {"torch": TorchAttentionBackend}
+class TritonAttentionBackend(TorchAttentionBackend):
+    """Chapter 09's Triton kernels (minillm.kernels) for the two per-step pieces of attention that have no good
+    framework kernel: storing the new keys and values into their scattered slots (one program per token,
+    slot -1 skipped, no mask and no host sync) and decode attention read through the block tables (one
+    program per sequence and KV head, an online softmax over its blocks). Prefill attention stays on the torch
+    path (the inherited `prefill`): it is one fused SDPA call per sequence already.
+
+    On CUDA the kernels are compiled. On a CPU they run only in Triton's interpreter, which needs
+    TRITON_INTERPRET=1 in the environment before minillm.kernels is first imported; without it the first step
+    raises an error that says so. Slow, but the same kernel source: the tests prove the wiring that way.
+    """
+
+    name = "triton"
+
+    def __init__(self):
+        from minillm import kernels  # here, not at the top: Triton reads TRITON_INTERPRET when kernels are defined
+        self.kernels = kernels
+
+    def store_kvcache(self, k, v, k_cache, v_cache, ctx: Context) -> None:
+        self.kernels.store_kvcache(k, v, k_cache, v_cache, ctx.slot_mapping)
+
+    def decode(self, q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+        return self.kernels.paged_decode_attention(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale)
 
 
-def select_attention_backend(name: str = "auto"):
-    """The one place an attention backend is chosen: "auto" takes the fastest one (today the torch reference
-    on every device; chapter 09 picks Triton on CUDA), or name one of ATTENTION_BACKENDS."""
+ATTENTION_BACKENDS = {"torch": TorchAttentionBackend, "triton": TritonAttentionBackend}
+
+
+def triton_compiles() -> bool:
+    """Whether Triton kernels would be compiled here: Triton imports (CUDA builds of torch ship it) and
+    TRITON_INTERPRET is off (the interpreter copies every tensor to the host on each launch)."""
+    try:
+        import triton
+    except ImportError:
+        return False
+    return not triton.knobs.runtime.interpret
+
+
+def select_attention_backend(name: str = "auto", device: str | torch.device = "cpu"):
+    """The one place an attention backend is chosen: "auto" takes the fastest one for `device` (the Triton
+    kernels on CUDA when they compile, the torch reference otherwise), or name one of ATTENTION_BACKENDS."""
     if name == "auto":
-        name = "torch"
+        name = "triton" if torch.device(device).type == "cuda" and triton_compiles() else "torch"
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention_backend {name!r}: choose 'auto' or one of {sorted(ATTENTION_BACKENDS)}")
     return ATTENTION_BACKENDS[name]()

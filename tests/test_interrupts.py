@@ -90,26 +90,20 @@ def test_a_fault_at_each_point_leaves_the_llm_usable(tiny_checkpoint, fresh, mon
     inject_and_check(llm, fresh, monkeypatch, target, name, n, error, api)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "a fault inside Scheduler.schedule after BlockManager.cache_blocks (or a Ctrl-C between schedule() returning "
-    "and LLMEngine.step's try) is not rolled back: the blocks it made findable by hash were never filled, the "
-    "aborted requests free them with their hashes kept, and the next identical prompt revives them as cached "
-    "and reads keys/values that were never written, so its tokens differ from a fresh engine's"))
 @pytest.mark.parametrize("api", ["generate", "stream"])
 @pytest.mark.parametrize("where", ["after cache_blocks", "after schedule"])
 def test_a_fault_late_in_scheduling_leaves_the_prefix_cache_clean(tiny_checkpoint, fresh, monkeypatch, api, where):
+    # After BlockManager.cache_blocks made the step's blocks findable by hash (or after schedule returned), the
+    # step is rolled back: blocks never filled must not be revived as cached by the next identical prompt.
     llm = LLM(tiny_checkpoint, **ENGINE)
     target, name = (llm.block_manager, "cache_blocks") if where == "after cache_blocks" else (llm.scheduler, "schedule")
     inject_and_check(llm, fresh, monkeypatch, target, name, 1, KeyboardInterrupt, api, after=True)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "a KeyboardInterrupt in Scheduler.postprocess after a finished sequence's blocks were freed "
-    "(block_manager.deallocate) but before self.running.remove(seq) leaves that FINISHED sequence in running: "
-    "rollback skips finished sequences and abort_request ignores them, so is_finished() stays False and the next "
-    "step raises 'the scheduler found nothing to run although requests are waiting'"))
 @pytest.mark.parametrize("api", ["generate", "stream"])
 def test_an_interrupt_while_a_finished_request_is_released(tiny_checkpoint, fresh, monkeypatch, api):
+    # A Ctrl-C in postprocess between freeing a finished sequence's blocks and taking it out of running: the
+    # rollback releases it completely, so the engine is not left waiting on a finished request.
     llm = LLM(tiny_checkpoint, **ENGINE)
     inject_and_check(llm, fresh, monkeypatch, llm.block_manager, "deallocate", 1, KeyboardInterrupt, api,
                      after=True)

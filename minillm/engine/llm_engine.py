@@ -99,16 +99,18 @@ class LLMEngine:
 
     def step(self) -> tuple[list[Sequence], int]:
         """Schedule and run one step. Returns the sequences that got a token, and the tokens computed.
-        A step that raises (an error, Ctrl-C) is rolled back: its sequences will be recomputed."""
-        seqs, is_prefill = self.scheduler.schedule()
-        if not seqs:
-            raise RuntimeError("the scheduler found nothing to run although requests are waiting")
+        A step that raises (an error, Ctrl-C) is rolled back: its sequences will be recomputed; if scheduling
+        itself failed half-way, every queued sequence is."""
+        seqs = None
         try:
+            seqs, is_prefill = self.scheduler.schedule()
+            if not seqs:
+                raise RuntimeError("the scheduler found nothing to run although requests are waiting")
             token_ids = self.model_runner.run(seqs, is_prefill)
             now = time.perf_counter()
             updated = self.scheduler.postprocess(seqs, token_ids)
         except BaseException:
-            self.scheduler.rollback(seqs)
+            self.scheduler.rollback([*self.scheduler.running, *self.scheduler.waiting] if seqs is None else seqs)
             raise
         for seq in updated:
             seq.first_token_time = seq.first_token_time or now

@@ -178,9 +178,15 @@ class Scheduler:
     def rollback(self, seqs: list[Sequence]) -> None:
         """Undo a step that failed. Scheduling made the blocks it was to fill findable by hash (so that requests
         admitted together share a prefix: every layer stores a step's keys before any attends); they are
-        forgotten, as their contents may never have been written, and the step's sequences are preempted."""
+        forgotten, as their contents may never have been written, and the step's sequences are preempted. A
+        sequence the step had already finished is released completely (the fault may have come half-way)."""
         for seq in seqs:
-            if not seq.is_finished:
+            if seq.is_finished:
+                if seq.block_table:
+                    self.block_manager.deallocate(seq)
+                if seq in self.running:
+                    self.running.remove(seq)
+            else:
                 self.block_manager.uncache_blocks(seq, seq.num_computed_tokens)
                 self.preempt(seq)
 

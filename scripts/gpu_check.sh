@@ -7,6 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 make setup
 .venv/bin/python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())"
+export TRITON_INTERPRET=0  # compiled kernels: the CPU tests' modules switch the interpreter on only when unset
 .venv/bin/python -m pytest -m gpu -q -p no:cacheprovider
 mkdir -p results/gpu
 .venv/bin/python -m minillm.bench --device cuda --random-size 100m --workload mixed --num-prompts 256 \

@@ -106,7 +106,7 @@ class Config:
     scheduling_policy: str = "fcfs"  # or "priority": higher priority first, FCFS among equals
     dtype: str = "float32"
     device: str = "cpu"
-    attention_backend: str = "auto"  # "torch" (the reference); chapter 09 adds "triton"
+    attention_backend: str = "auto"  # "torch" (the reference) or "triton" (chapter 09); auto: triton on CUDA
     skip_tokenizer_init: bool = False  # run on token ids alone: no tokenizer.json needed, outputs have no text
     # vLLM's name. True: every step runs op by op. False: decode steps are replayed per batch-size bucket
     # (minillm.engine.graphs): CUDA graphs on a GPU, steps compiled by torch.compile on a CPU. None: the device's

@@ -23,7 +23,7 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.model = build_model(model_path, getattr(torch, config.dtype), config.device)
         self.block_size = config.kvcache_block_size
-        self.attn_backend = select_attention_backend(config.attention_backend)
+        self.attn_backend = select_attention_backend(config.attention_backend, self.device)
         for layer in self.model.modules():
             if isinstance(layer, Attention):
                 layer.backend = self.attn_backend

@@ -235,3 +235,10 @@ def test_show_hides_exercise_bodies_unless_asked_for_the_solution():
     assert "raise NotImplementedError(" in hidden and not any(line in hidden for line in body)
     assert all(line in revealed for line in body)
     assert "<span" in show(rms_norm)._repr_html_()
+
+
+def test_show_gives_a_triton_kernels_python_source_with_its_exercise_as_a_stub():
+    from minillm.kernels.kv_cache import store_kvcache_kernel
+
+    source = str(show(store_kvcache_kernel))
+    assert "def store_kvcache_kernel(" in source and "Exercise 09.1" in source

@@ -34,6 +34,8 @@ class Source:
 def show(obj, solution: bool = False) -> Source:
     """The source of a function, method, class or module, titled with its file and lines."""
     obj = inspect.unwrap(obj)  # a decorated function (@torch.inference_mode()): show the function itself
+    if not inspect.isroutine(obj) and inspect.isfunction(getattr(obj, "fn", None)):
+        obj = obj.fn  # a Triton kernel (@triton.jit): its Python function
     lines, start = inspect.getsourcelines(obj)
     start = max(start, 1)  # a module starts at line 0
     path = Path(inspect.getsourcefile(obj)).resolve()

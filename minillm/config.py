@@ -118,9 +118,13 @@ class Config:
     # graphs; off on a CPU, where each compiled call's fixed host cost (~60-100 µs) exceeds what fusing saves
     # at decode sizes (measured in notebook 08) and the first steps would wait for the compiler.
     compile_layers: bool | None = None
+    # chapter 10: split every layer across this many processes (ranks), one per device (or CPU core); rank 0 is
+    # the engine's own process, the others minillm.engine.worker processes (or torchrun's)
+    tensor_parallel_size: int = 1
 
     def __post_init__(self):
-        for name in ("max_num_seqs", "max_num_batched_tokens", "kvcache_block_size", "kvcache_memory_bytes"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "kvcache_block_size", "kvcache_memory_bytes",
+                     "tensor_parallel_size"):
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.kvcache_block_size & (self.kvcache_block_size - 1):

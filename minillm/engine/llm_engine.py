@@ -1,6 +1,7 @@
 """LLMEngine: add requests, step the scheduler and the model runner, hand back text as it is produced."""
 import json
 import time
+import weakref
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Iterator
@@ -12,9 +13,11 @@ from minillm.engine.block_manager import BlockManager
 from minillm.engine.model_runner import ModelRunner
 from minillm.engine.scheduler import Scheduler
 from minillm.engine.sequence import Sequence
+from minillm.engine.worker import describe_failed, join_tensor_parallel, stop_workers
 from minillm.sampling_params import SamplingParams
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 from minillm.utils.loader import resolve_model_path
+from minillm.utils.parallel import check_tensor_parallel
 
 
 @dataclass
@@ -61,7 +64,18 @@ class LLMEngine:
             raise FileNotFoundError(f"{path} has no tokenizer.json: add the checkpoint's tokenizer files, or pass "
                                     "skip_tokenizer_init=True to run on token ids alone (outputs then have no text)")
         self.tokenizer = None if config.skip_tokenizer_init else Tokenizer(path)
-        self.model_runner = ModelRunner(config, path)
+        self.workers, self.closed = [], None  # tensor-parallel worker processes; why the engine was closed
+        group = None
+        if config.tensor_parallel_size > 1:  # checked before any process starts
+            check_tensor_parallel(model_config, config.tensor_parallel_size, config.device, config.enforce_eager)
+            group, self.workers = join_tensor_parallel(config, path)
+        try:
+            self.model_runner = ModelRunner(config, path, group)
+        except BaseException:
+            stop_workers(group, self.workers)
+            raise
+        # the workers stop when the engine is closed, garbage-collected, or the interpreter exits
+        self._stop_workers = weakref.finalize(self, stop_workers, group, self.workers) if group else None
         self.vocab_size = model_config.vocab_size
         self.block_manager = BlockManager(self.model_runner.num_kvcache_blocks, config.kvcache_block_size,
                                           config.enable_prefix_caching)
@@ -101,6 +115,8 @@ class LLMEngine:
         """Schedule and run one step. Returns the sequences that got a token, and the tokens computed.
         A step that raises (an error, Ctrl-C) is rolled back: its sequences will be recomputed; if scheduling
         itself failed half-way, every queued sequence is."""
+        if self.closed:
+            raise RuntimeError(f"this engine is closed ({self.closed}): create a new LLM")
         seqs = None
         try:
             seqs, is_prefill = self.scheduler.schedule()
@@ -109,8 +125,12 @@ class LLMEngine:
             token_ids = self.model_runner.run(seqs, is_prefill)
             now = time.perf_counter()
             updated = self.scheduler.postprocess(seqs, token_ids)
-        except BaseException:
+        except BaseException as e:
             self.scheduler.rollback([*self.scheduler.running, *self.scheduler.waiting] if seqs is None else seqs)
+            if failed := describe_failed(self.workers):
+                self.close(f"tensor-parallel worker {failed}")
+                raise RuntimeError(f"tensor-parallel worker {failed} during a step; the engine has stopped its "
+                                   "other workers and cannot continue: create a new LLM") from e
             raise
         for seq in updated:
             seq.first_token_time = seq.first_token_time or now
@@ -120,6 +140,18 @@ class LLMEngine:
 
     def is_finished(self) -> bool:
         return self.scheduler.is_finished()
+
+    def close(self, reason: str = "close() was called") -> None:
+        """Stop the tensor-parallel workers (if any); the engine runs no more steps. Also on `with LLM(...)` exit."""
+        self.closed = self.closed or reason
+        if self._stop_workers:
+            self._stop_workers()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def _add_all(self, prompts, sampling_params, priorities) -> list[Sequence]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):

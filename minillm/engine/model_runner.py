@@ -1,9 +1,13 @@
 """ModelRunner: owns the model and the KV cache; turns a batch of sequences into flat tensors, runs, samples.
 
-Three steps, as in nano-vllm: `prepare_prefill` / `prepare_decode` write the batch into preallocated input
-buffers and set the step context; `run_model` is the forward pass (the one place that will choose between
-eager, compiled and graph replay); the `Sampler` picks the tokens.
+Three steps, as in nano-vllm: `prepare_prefill` / `prepare_decode` lay the batch out as host-side lists (the
+`StepInputs`), `load` writes them into preallocated input buffers and sets the step context; `run_model` is
+the forward pass (the one place that chooses between eager, compiled and graph replay); the `Sampler` picks
+the tokens. Under tensor parallelism (chapter 10) every rank has a ModelRunner with its shard of the model:
+rank 0 prepares each step and broadcasts its StepInputs, every rank loads and runs them, rank 0 samples.
 """
+from dataclasses import dataclass
+
 import torch
 
 from minillm.config import Config
@@ -16,20 +20,46 @@ from minillm.layers.sampler import Sampler, SamplingMetadata
 from minillm.models import build_model
 from minillm.utils.compile import compiled_layers
 from minillm.utils.context import Context, get_context, reset_context, set_context
+from minillm.utils.parallel import TensorParallelGroup, tensor_parallel
+
+
+@dataclass
+class StepInputs:
+    """One step's batch as plain host-side lists: what `load` puts into the input buffers and the step context,
+    and what rank 0 sends to the other tensor-parallel ranks (small, and the same for any device)."""
+
+    is_prefill: bool
+    input_ids: list[int]
+    positions: list[int]
+    slot_mapping: list[int]
+    block_tables: list[list[int]] | None = None  # per sequence; None for a prefill with nothing cached
+    cu_seqlens_q: list[int] | None = None  # prefill
+    cu_seqlens_k: list[int] | None = None
+    logits_indices: list[int] | None = None
+    context_lens: list[int] | None = None  # decode
 
 
 class ModelRunner:
-    def __init__(self, config: Config, model_path):
+    def __init__(self, config: Config, model_path, group: TensorParallelGroup | None = None):
+        self.group = group  # None: one process holds the whole model
         self.device = torch.device(config.device)
-        self.model = build_model(model_path, getattr(torch, config.dtype), config.device)
+        if group and self.device.type == "cuda":  # one device per rank
+            self.device = torch.device("cuda", group.local_rank)
+            torch.cuda.set_device(self.device)
+        with tensor_parallel(group):
+            self.model = build_model(model_path, getattr(torch, config.dtype), self.device)
         self.block_size = config.kvcache_block_size
         self.attn_backend = select_attention_backend(config.attention_backend, self.device)
         for layer in self.model.modules():
             if isinstance(layer, Attention):
                 layer.backend = self.attn_backend
         self.allocate_input_buffers(config)
+        tp_size = group.size if group else 1  # each rank caches its share of the KV heads
         bytes_per_block = kv_cache_bytes_per_token(self.model.config, getattr(torch, config.dtype)) * self.block_size
+        bytes_per_block //= tp_size
         self.num_kvcache_blocks = config.num_kvcache_blocks or self.kv_cache_budget(config) // bytes_per_block
+        if group:  # every rank must hold the same blocks: the fewest any rank has room for
+            self.num_kvcache_blocks = group.min(self.num_kvcache_blocks)
         if self.num_kvcache_blocks < 1:
             raise ValueError(f"no memory is left for the KV cache (one block needs {bytes_per_block} bytes): "
                              "raise kvcache_memory_bytes / gpu_memory_utilization or use a smaller model")
@@ -107,16 +137,16 @@ class ModelRunner:
         out.copy_(torch.tensor(values, dtype=buffer.dtype), non_blocking=True)
         return out
 
-    def block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
+    def block_tables(self, tables: list[list[int]]) -> torch.Tensor:
         """[num_seqs, max_blocks] block ids, padded with -1."""
-        width = max(len(seq.block_table) for seq in seqs)
-        out = self.block_tables_buf[:len(seqs), :width]
-        out.copy_(torch.tensor([seq.block_table + [-1] * (width - len(seq.block_table)) for seq in seqs]))
+        width = max(len(table) for table in tables)
+        out = self.block_tables_buf[:len(tables), :width]
+        out.copy_(torch.tensor([table + [-1] * (width - len(table)) for table in tables]))
         return out
 
-    def prepare_prefill(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pack each sequence's scheduled tokens end to end; set cu_seqlens, slot_mapping (and block_tables
-        when some keys come from the cache)."""
+    def prepare_prefill(self, seqs: list[Sequence]) -> StepInputs:
+        """Pack each sequence's scheduled tokens end to end: cu_seqlens, slot_mapping (and block_tables when some
+        keys come from the cache)."""
         input_ids, positions, slot_mapping, cu_q, cu_k, logits_indices = [], [], [], [0], [0], []
         for seq in seqs:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_scheduled_tokens
@@ -129,23 +159,30 @@ class ModelRunner:
             slots = slot_mapping_for(seq.block_table, start, end, self.block_size)
             # a fully cached prompt recomputes its last token; its K/V are in a shared block already
             slot_mapping += [-1 if pos < seq.num_cached_tokens else s for pos, s in zip(range(start, end), slots)]
-        block_tables = self.block_tables(seqs) if cu_k[-1] > cu_q[-1] else None
-        set_context(Context(is_prefill=True, cu_seqlens_q=self.fill(self.cu_seqlens_q, cu_q),
-                            cu_seqlens_k=self.fill(self.cu_seqlens_k, cu_k),
-                            slot_mapping=self.fill(self.slot_mapping, slot_mapping), block_tables=block_tables,
-                            cu_seqlens_q_cpu=cu_q, cu_seqlens_k_cpu=cu_k,
-                            logits_indices=self.fill(self.logits_indices, logits_indices)))
-        return self.fill(self.input_ids, input_ids), self.fill(self.positions, positions)
+        block_tables = [seq.block_table for seq in seqs] if cu_k[-1] > cu_q[-1] else None
+        return StepInputs(True, input_ids, positions, slot_mapping, block_tables, cu_q, cu_k, logits_indices)
 
-    def prepare_decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
+    def prepare_decode(self, seqs: list[Sequence]) -> StepInputs:
         """One token per sequence, its newest, at position len - 1."""
         slot_mapping = [slot_mapping_for(seq.block_table, len(seq) - 1, len(seq), self.block_size)[0] for seq in seqs]
-        context_lens = [len(seq) for seq in seqs]
-        set_context(Context(slot_mapping=self.fill(self.slot_mapping, slot_mapping),
-                            block_tables=self.block_tables(seqs),
-                            context_lens=self.fill(self.context_lens, context_lens), context_lens_cpu=context_lens))
-        return (self.fill(self.input_ids, [seq.last_token for seq in seqs]),
-                self.fill(self.positions, [len(seq) - 1 for seq in seqs]))
+        return StepInputs(False, [seq.last_token for seq in seqs], [len(seq) - 1 for seq in seqs], slot_mapping,
+                          [seq.block_table for seq in seqs], context_lens=[len(seq) for seq in seqs])
+
+    def load(self, s: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write a step's inputs into the buffers and set the step context; returns input_ids and positions."""
+        block_tables = None if s.block_tables is None else self.block_tables(s.block_tables)
+        slot_mapping = self.fill(self.slot_mapping, s.slot_mapping)
+        if s.is_prefill:
+            set_context(Context(is_prefill=True, cu_seqlens_q=self.fill(self.cu_seqlens_q, s.cu_seqlens_q),
+                                cu_seqlens_k=self.fill(self.cu_seqlens_k, s.cu_seqlens_k), slot_mapping=slot_mapping,
+                                block_tables=block_tables, cu_seqlens_q_cpu=s.cu_seqlens_q,
+                                cu_seqlens_k_cpu=s.cu_seqlens_k,
+                                logits_indices=self.fill(self.logits_indices, s.logits_indices)))
+        else:
+            set_context(Context(slot_mapping=slot_mapping, block_tables=block_tables,
+                                context_lens=self.fill(self.context_lens, s.context_lens),
+                                context_lens_cpu=s.context_lens))
+        return self.fill(self.input_ids, s.input_ids), self.fill(self.positions, s.positions)
 
     def prepare_sample(self, seqs: list[Sequence]) -> SamplingMetadata:
         """Per-row sampling settings of the sequences that get a token this step."""
@@ -168,17 +205,36 @@ class ModelRunner:
                 hidden = hidden[get_context().logits_indices]
             return self.model.compute_logits(hidden)
 
+    def execute(self, inputs: StepInputs) -> torch.Tensor | None:
+        """Load a step's inputs and run the forward pass: the logits of its sampled rows (None on ranks > 0)."""
+        try:
+            return self.run_model(*self.load(inputs), inputs.is_prefill)
+        finally:
+            reset_context()
+
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int | None]:
         """One step; a token for each sequence that reached its end, None for a prefill chunk that did not.
         A decode batch runs ordered by length (similar contexts side by side, see TorchAttentionBackend)."""
         batch = seqs if is_prefill else sorted(seqs, key=len)
-        input_ids, positions = (self.prepare_prefill if is_prefill else self.prepare_decode)(batch)
+        inputs = (self.prepare_prefill if is_prefill else self.prepare_decode)(batch)
+        if self.group:
+            self.group.send_step(inputs)  # the other ranks run the same step on their shards
         try:
-            logits = self.run_model(input_ids, positions, is_prefill)
-        finally:
-            reset_context()
+            logits = self.execute(inputs)
+        except BaseException as e:
+            if self.group:  # the other ranks may wait in a collective this rank will never join
+                self.group.abandon_step(e)
+            raise
         sampled = [seq for seq in batch if seq.samples_this_step]
         with compiled_layers(self.compile_layers):
             tokens = self.sampler(logits, self.prepare_sample(sampled)).tolist() if sampled else []
         tokens = dict(zip(sampled, tokens))
         return [tokens.get(seq) for seq in seqs]
+
+    def loop(self) -> None:
+        """Ranks 1..N-1: run every step rank 0 sends until it sends the end (see TensorParallelGroup)."""
+        while (inputs := self.group.receive_step()) is not None:
+            try:
+                self.execute(inputs)
+            except Exception as e:  # rank 0 abandoned the step, or this rank failed: both end it for all
+                self.group.abandon_step(e)

@@ -1,10 +1,9 @@
 """Token embedding and the LM head that turns the last hidden state into next-token logits."""
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from minillm.layers.linear import copy_checked
-from minillm.utils.parallel import all_reduce, divide, get_tp_rank, get_tp_size
+from minillm.utils.parallel import TensorParallelGroup, all_reduce, divide, get_tp_group, get_tp_rank, get_tp_size
 
 
 def embed(input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -49,13 +48,39 @@ def lm_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     # END EXERCISE
 
 
+def vocab_parallel_embed(input_ids: torch.Tensor, weight: torch.Tensor, vocab_start: int,
+                         group: TensorParallelGroup | None) -> torch.Tensor:
+    """Embedding lookup when the table is split by vocabulary: each rank holds rows vocab_start ..
+    vocab_start + n - 1 of the whole table (`weight`, [n, hidden]), looks up the ids that fall in its range,
+    gives zero rows for the others, and an all-reduce adds the ranks' answers, in which every id is non-zero on
+    exactly one rank.
+
+    input_ids: integer tensor of any shape, ids of the whole vocabulary (0 .. tp_size·n - 1). Returns
+    input_ids.shape + (hidden,) in weight's dtype: for an id in this rank's range, row id - vocab_start of
+    `weight`; for any other id, zeros; then all_reduce(result, group) (from minillm.utils.parallel; a no-op for
+    group None). Never index `weight` with an id outside 0..n-1 (clamp or mask the local ids first: an id of
+    another rank must not raise and must not pick up a row). The tests run two and three ranks in one process
+    with a test double for the group, check each rank's answer before the sum and that the ranks' answers add up
+    to the whole table's lookup, for a 1-D and a 2-D batch of ids.
+
+    Example: vocabulary 4 split over 2 ranks, rank 1 holds rows 2-3 = [[5., 5.], [7., 7.]] (vocab_start 2): ids
+    [0, 3, 2] give [[0., 0.], [7., 7.], [5., 5.]] on rank 1 before the all-reduce.
+    """
+    # BEGIN EXERCISE 10.4: vocab-parallel embedding — look up this rank's ids, zero the others, all-reduce
+    local = input_ids - vocab_start
+    mine = (local >= 0) & (local < weight.shape[0])
+    rows = embed(local.clamp(0, weight.shape[0] - 1), weight).masked_fill(~mine[..., None], 0)
+    return all_reduce(rows, group)
+    # END EXERCISE
+
+
 class VocabParallelEmbedding(nn.Module):
     """The embedding table, [vocab_size, hidden_size], split by vocabulary across tensor-parallel ranks: each
     rank looks up the ids in its range, zeros the rest, and an all-reduce adds the ranks' rows together."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int):
         super().__init__()
-        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
+        self.tp_rank, self.tp_size, self.tp_group = get_tp_rank(), get_tp_size(), get_tp_group()
         self.num_embeddings_per_rank = divide(num_embeddings, self.tp_size, "vocabulary size")
         self.vocab_start = self.tp_rank * self.num_embeddings_per_rank
         self.weight = nn.Parameter(torch.empty(self.num_embeddings_per_rank, embedding_dim))
@@ -67,9 +92,7 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
             return embed(input_ids, self.weight)
-        local = input_ids - self.vocab_start
-        mine = (local >= 0) & (local < self.num_embeddings_per_rank)
-        return all_reduce(embed(local.clamp(0, self.num_embeddings_per_rank - 1), self.weight) * mine[..., None])
+        return vocab_parallel_embed(input_ids, self.weight, self.vocab_start, self.tp_group)
 
 
 class ParallelLMHead(VocabParallelEmbedding):
@@ -80,6 +103,5 @@ class ParallelLMHead(VocabParallelEmbedding):
         logits = lm_logits(hidden, self.weight)
         if self.tp_size == 1:
             return logits
-        parts = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
-        dist.gather(logits, parts, dst=0)
-        return torch.cat(parts, dim=-1) if self.tp_rank == 0 else None
+        parts = self.tp_group.gather(logits.contiguous())
+        return torch.cat(parts, dim=-1) if parts else None

@@ -1,0 +1,134 @@
+"""Tensor-parallel workers: ranks 1..N-1, one process each, running the steps that rank 0 sends.
+
+`LLM(tensor_parallel_size=N)` is rank 0. It serves a torch.distributed store on a free port and starts each
+worker as a Python process running `main` with the env:// variables torchrun also sets (MASTER_ADDR,
+MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK). A worker finds the engine's settings in the store, builds its shard
+of the model and loops on `ModelRunner.loop` until rank 0 sends the end. Under torchrun there are no workers to
+start: every rank runs the user's script, and `LLM(...)` on ranks > 0 becomes the loop (see `serve`).
+"""
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from minillm.config import Config
+from minillm.engine.model_runner import ModelRunner
+from minillm.utils.parallel import TensorParallelGroup, env_store, launched_by_torchrun
+
+CONFIG_KEY = "minillm/config"
+WORKER = "from minillm.engine.worker import main; main()"
+
+
+def join_tensor_parallel(config: Config, path: Path) -> tuple[TensorParallelGroup, list[subprocess.Popen]]:
+    """Rank 0's group and the worker processes it started. Under torchrun, ranks > 0 serve rank 0 here and then
+    exit the process (one script runs on every rank; only rank 0 gets past `LLM(...)`)."""
+    if not launched_by_torchrun():
+        return start_workers(config, path)
+    store, rank, size = env_store()
+    if size != config.tensor_parallel_size:
+        raise ValueError(f"tensor_parallel_size={config.tensor_parallel_size} but torchrun started {size} "
+                         f"processes: use --nproc-per-node (times --nnodes) = {config.tensor_parallel_size}")
+    group = TensorParallelGroup(store, rank, size, torch.device(config.device), int(os.environ.get("LOCAL_RANK", 0)))
+    if rank > 0:
+        serve(ModelRunner(config, path, group))
+        raise SystemExit(0)
+    return group, []
+
+
+def start_workers(config: Config, path: Path) -> tuple[TensorParallelGroup, list[subprocess.Popen]]:
+    """Rank 0: serve the store, start ranks 1..N-1 and join the group with them."""
+    size = config.tensor_parallel_size
+    store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False)  # port 0: a free port
+    store.set(CONFIG_KEY, pickle.dumps((config, path)))
+    procs = []
+    try:
+        for rank in range(1, size):
+            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), RANK=str(rank),
+                       WORLD_SIZE=str(size), LOCAL_RANK=str(rank), MINILLM_PARENT_PID=str(os.getpid()))
+            procs.append(subprocess.Popen([sys.executable, "-c", WORKER], env=env))
+        wait_until_joined(store, procs)
+        return TensorParallelGroup(store, 0, size, torch.device(config.device)), procs
+    except BaseException:
+        stop_workers(None, procs)
+        raise
+
+
+def wait_until_joined(store: dist.Store, procs: list[subprocess.Popen], timeout: float = 300) -> None:
+    """Wait for every worker to reach the store, or say which one exited while starting."""
+    deadline = time.monotonic() + timeout
+    for rank, proc in enumerate(procs, 1):
+        while not store.check([f"joined{rank}"]):
+            if proc.poll() is not None:
+                raise RuntimeError(f"tensor-parallel worker rank {rank} exited with code {proc.returncode} while "
+                                   "starting; its error is printed above")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"tensor-parallel worker rank {rank} did not start within {timeout:.0f} s")
+            time.sleep(0.02)
+
+
+def describe_failed(procs: list[subprocess.Popen]) -> str | None:
+    """Which workers have exited, and how; None while all run."""
+    dead = [f"rank {rank} (pid {p.pid}) exited with code {p.returncode}" for rank, p in enumerate(procs, 1)
+            if p.poll() is not None]
+    return "; ".join(dead) or None
+
+
+def stop_workers(group: TensorParallelGroup | None, procs: list[subprocess.Popen], timeout: float = 10) -> None:
+    """Rank 0: send the end, give the workers `timeout` seconds to exit, then terminate, then kill them."""
+    if group is not None:
+        try:
+            if not describe_failed(procs):
+                group.send_step(None)
+        except Exception:
+            pass  # a worker already gone: terminated below
+        group.close()
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.wait(2)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def serve(runner) -> None:
+    """Ranks > 0: run rank 0's steps until it ends them, then leave the group."""
+    try:
+        runner.loop()
+    finally:
+        runner.group.close()
+
+
+def exit_with_parent(parent_pid: int) -> None:
+    """A worker whose engine's process is gone (killed, crashed) exits too, instead of lingering."""
+    def watch():
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def main() -> None:
+    """A worker started by start_workers: the env:// variables say where the store is and which rank this is."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal reaches every process: rank 0 handles it
+    exit_with_parent(int(os.environ["MINILLM_PARENT_PID"]))
+    store, rank, size = env_store()
+    config, path = pickle.loads(store.get(CONFIG_KEY))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+    store.set(f"joined{rank}", "1")
+    group = TensorParallelGroup(store, rank, size, torch.device(config.device), int(os.environ["LOCAL_RANK"]))
+    serve(ModelRunner(config, path, group))
+

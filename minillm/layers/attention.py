@@ -7,6 +7,7 @@ from torch import nn
 
 from minillm.layers.paged_attention import (gather_context, paged_decode_attention, prefill_attention, store_decode_kvcache,
                                             store_kvcache)
+from minillm.layers.paged_attention_cpu import cpu_decode_kernel
 from minillm.utils.context import Context, get_context
 
 
@@ -46,10 +47,13 @@ class TorchAttentionBackend:
     """Attention over the paged cache in plain torch ops, on any device: the reference every other backend
     (chapter 09's Triton kernels) is checked against.
 
-    On a CPU, decode attention runs in chunks of `decode_rows` sequences, each gathering and masking only up to
-    its own longest context: torch's CPU attention kernel slows down far more than linearly with the batch
-    (measured: 128 sequences of 32-512 tokens take 3.8x longer in one call than in chunks of 16). The model
-    runner orders a decode batch by length, so the sequences of a chunk have similar lengths.
+    On a CPU, float32 decode attention takes a small C++ kernel (minillm.layers.paged_attention_cpu, compiled
+    on first use) that reads each sequence's keys and values in place through its block table, as vLLM's CPU
+    backend does, instead of copying them out first. Where that kernel cannot be built, decode runs in chunks of
+    `decode_rows` sequences, each gathering and masking only up to its own longest context: torch's CPU
+    attention kernel slows down far more than linearly with the batch (measured: 128 sequences of 32-512 tokens
+    take 3.8x longer in one call than in chunks of 16). The model runner orders a decode batch by length, so
+    the sequences of a chunk have similar lengths.
     """
 
     name = "torch"
@@ -70,6 +74,8 @@ class TorchAttentionBackend:
     def decode(self, q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
         if not q.is_cpu:
             return paged_decode_attention(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale)
+        if q.dtype == torch.float32 and (kernel := cpu_decode_kernel()) is not None:
+            return kernel(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale)
         out, block_size = [], k_cache.shape[1]
         for a in range(0, len(q), self.decode_rows):
             b = a + self.decode_rows

@@ -25,7 +25,8 @@ def cpu_decode_kernel():
     opaque."""
     try:
         from torch.utils.cpp_extension import load
-        flags = ["-O3", "-march=native", "-fopenmp"]
+        isa = torch.backends.cpu.get_cpu_capability()  # at::vec's instruction set, as torch's own kernels pick it
+        flags = ["-O3", "-march=native", "-fopenmp", f"-DCPU_CAPABILITY={isa}", f"-DCPU_CAPABILITY_{isa}"]
         load("minillm_paged_attention_cpu", [str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
              is_python_module=False)
     except Exception as e:  # no compiler, no ninja, a failed build: the engine runs on without the kernel

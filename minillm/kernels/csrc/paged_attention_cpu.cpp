@@ -8,6 +8,8 @@
 // length, and the runner sorts a batch by length, so equal contiguous shares would be unequal work).
 // In the spirit of vLLM's csrc/cpu/attention.cpp, much smaller.
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
@@ -15,26 +17,40 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <vector>
 
 namespace {
 
-inline float dot(const float* a, const float* b, int64_t n) {
-  float s = 0.f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
+using at::vec::Vectorized;
+using Vec = Vectorized<float>;
+
+// Ask for a block's keys and values ahead of use: blocks are scattered, so the hardware cannot guess the next.
+inline void prefetch(const float* k, const float* v, int64_t n, int64_t token_stride, int64_t D) {
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t d = 0; d < D; d += 16) {  // a 64-byte cache line holds 16 floats
+      __builtin_prefetch(k + t * token_stride + d);
+      __builtin_prefetch(v + t * token_stride + d);
+    }
 }
 
-// out[g] = softmax(scale * q[g] . k_j) · v_j over the ctx keys of one sequence and KV head, for its G query
-// heads. `table` lists the sequence's blocks; `work` holds G * (2 * D + 2 + block_size) floats.
+// out[g] = softmax(q[g] . k_j * scale) · v_j over the ctx (≥ 1) keys of one sequence and KV head, for its G
+// query heads. `table` lists the sequence's blocks; `work` holds G * (2 * D + 2 + block_size) floats. Loops over
+// a head's dims go Vec::size() floats at a time (8 with AVX2), the last one partial if D is not a multiple of it.
+// kD is the head dim when it is one the compiler specialises for (loops unrolled), or 0: D from the argument.
+template <int64_t kD>
 void attend(const float* q, int64_t q_head_stride, const float* k_cache, const float* v_cache,
             int64_t block_stride, int64_t token_stride, int64_t block_size, const int64_t* table, int64_t ctx,
-            int64_t G, int64_t D, float scale, float* out, int64_t out_head_stride, float* work) {
+            int64_t G, int64_t head_dim, float scale, float* out, int64_t out_head_stride, float* work) {
+  const int64_t D = kD ? kD : head_dim;
+  const auto width = [D](int64_t c) {  // floats at dim c: a whole Vec but at a partial end
+    return kD % Vec::size() == 0 && kD ? Vec::size() : std::min<int64_t>(Vec::size(), D - c);
+  };
   float *qs = work, *acc = qs + G * D, *m = acc + G * D, *l = m + G, *p = l + G;
   for (int64_t g = 0; g < G; ++g) {
-    for (int64_t d = 0; d < D; ++d) qs[g * D + d] = q[g * q_head_stride + d] * scale;
+    for (int64_t c = 0; c < D; c += Vec::size())
+      (Vec::loadu(q + g * q_head_stride + c, width(c)) * Vec(scale)).store(qs + g * D + c, width(c));
     m[g] = -std::numeric_limits<float>::infinity();
     l[g] = 0.f;
   }
@@ -43,26 +59,38 @@ void attend(const float* q, int64_t q_head_stride, const float* k_cache, const f
     const int64_t n = std::min(block_size, ctx - start);
     const float* k = k_cache + table[b] * block_stride;
     const float* v = v_cache + table[b] * block_stride;
+    if (start + block_size < ctx)
+      prefetch(k_cache + table[b + 1] * block_stride, v_cache + table[b + 1] * block_stride,
+               std::min(block_size, ctx - start - block_size), token_stride, D);
     for (int64_t g = 0; g < G; ++g) {
-      float* pg = p + g * block_size;
+      float *pg = p + g * block_size, *ag = acc + g * D;
       float mx = m[g];
-      for (int64_t t = 0; t < n; ++t) mx = std::max(mx, pg[t] = dot(qs + g * D, k + t * token_stride, D));
-      const float rescale = std::exp(m[g] - mx);  // 0 on the first block (m = -inf)
-      float* ag = acc + g * D;
-      for (int64_t d = 0; d < D; ++d) ag[d] *= rescale;
-      float sum = 0.f;
-      for (int64_t t = 0; t < n; ++t) {
-        const float e = std::exp(pg[t] - mx);
-        sum += e;
-        const float* vt = v + t * token_stride;
-        for (int64_t d = 0; d < D; ++d) ag[d] += e * vt[d];
+      for (int64_t t = 0; t < n; ++t) {  // scores, two partial sums to shorten the chain of dependent adds
+        Vec s[2] = {Vec(0.f), Vec(0.f)};
+        for (int64_t c = 0; c < D; c += Vec::size()) {
+          Vec& sc = s[c / Vec::size() % 2];
+          sc = at::vec::fmadd(Vec::loadu(qs + g * D + c, width(c)), Vec::loadu(k + t * token_stride + c, width(c)), sc);
+        }
+        mx = std::max(mx, pg[t] = at::vec::vec_reduce_all<float>(std::plus<Vec>(), s[0] + s[1]));
       }
-      l[g] = l[g] * rescale + sum;
+      at::vec::map([mx](Vec x) { return (x - Vec(mx)).exp_u20(); }, pg, pg, n);
+      const float rescale = std::exp(m[g] - mx);  // 0 on the first block (m = -inf)
+      l[g] = l[g] * rescale + at::vec::reduce_all<float>(std::plus<Vec>(), pg, n);
       m[g] = mx;
+      for (int64_t c = 0; c < D; c += Vec::size()) {  // acc = acc * rescale + p · V
+        Vec a[4] = {Vec::loadu(ag + c, width(c)) * Vec(rescale), Vec(0.f), Vec(0.f), Vec(0.f)};  // 4 chains
+        int64_t t = 0;
+        for (; t + 4 <= n; t += 4)
+          for (int i = 0; i < 4; ++i)
+            a[i] = at::vec::fmadd(Vec(pg[t + i]), Vec::loadu(v + (t + i) * token_stride + c, width(c)), a[i]);
+        for (; t < n; ++t) a[0] = at::vec::fmadd(Vec(pg[t]), Vec::loadu(v + t * token_stride + c, width(c)), a[0]);
+        ((a[0] + a[1]) + (a[2] + a[3])).store(ag + c, width(c));
+      }
     }
   }
   for (int64_t g = 0; g < G; ++g)
-    for (int64_t d = 0; d < D; ++d) out[g * out_head_stride + d] = acc[g * D + d] / l[g];
+    for (int64_t c = 0; c < D; c += Vec::size())
+      (Vec::loadu(acc + g * D + c, width(c)) * Vec(1.f / l[g])).store(out + g * out_head_stride + c, width(c));
 }
 
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -85,16 +113,16 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   const float *q_ptr = q.data_ptr<float>(), *k_ptr = k_cache.data_ptr<float>(), *v_ptr = v_cache.data_ptr<float>();
   const int64_t *table_ptr = tables.data_ptr<int64_t>(), *len_ptr = lens.data_ptr<int64_t>();
   float* out_ptr = out.data_ptr<float>();
-  std::atomic<int64_t> next{0};
+  const auto run = D == 32 ? attend<32> : D == 64 ? attend<64> : D == 128 ? attend<128> : attend<0>;
   const int64_t num_tasks = num_seqs * kv_heads;
-  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), num_tasks), 1, [&](int64_t begin, int64_t end) {
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), num_tasks), 1, [&](int64_t, int64_t) {
     std::vector<float> work(G * (2 * D + 2 + block_size));
-    for (int64_t i; (i = next++) < num_tasks;) {
+    for (int64_t i; (i = next++) < num_tasks;) {  // one (sequence, KV head) at a time, whichever thread is free
       const int64_t s = i / kv_heads, h = i % kv_heads;
-      attend(q_ptr + s * q.stride(0) + h * G * q.stride(1), q.stride(1), k_ptr + h * k_cache.stride(2),
-             v_ptr + h * v_cache.stride(2), k_cache.stride(0), k_cache.stride(1), block_size,
-             table_ptr + s * width, len_ptr[s], G, D, static_cast<float>(scale), out_ptr + (s * kv_heads + h) * G * D,
-             D, work.data());
+      run(q_ptr + s * q.stride(0) + h * G * q.stride(1), q.stride(1), k_ptr + h * k_cache.stride(2),
+          v_ptr + h * v_cache.stride(2), k_cache.stride(0), k_cache.stride(1), block_size, table_ptr + s * width,
+          len_ptr[s], G, D, static_cast<float>(scale), out_ptr + i * G * D, D, work.data());
     }
   });
   return out;

@@ -1,0 +1,113 @@
+"""The CPU paged decode-attention kernel (minillm.layers.paged_attention_cpu) against the torch reference, on
+random scattered caches; the engine on it against the naive loop; the torch path when it cannot be built."""
+import pytest
+import torch
+
+from minillm.layers import attention
+from minillm.layers.attention import TorchAttentionBackend
+from minillm.layers.paged_attention import paged_decode_attention
+from minillm.layers.paged_attention_cpu import cpu_decode_kernel, paged_decode_attention_cpu
+from minillm.utils.context import Context
+
+if cpu_decode_kernel() is None:
+    pytest.skip("the CPU attention kernel could not be built here (see the warning)", allow_module_level=True)
+
+
+def random_batch(lens, block_size, heads, kv_heads, head_dim, seed=0):
+    """q, caches and block tables for sequences of `lens` keys: blocks drawn in random order (tables scattered and
+    non-monotonic), tables -1 padded and sliced from a wider buffer as the model runner does, q a strided view."""
+    g = torch.Generator().manual_seed(seed)
+    widths = [-(-n // block_size) for n in lens]
+    num_blocks = sum(widths) + 3
+    perm, tables, used = torch.randperm(num_blocks, generator=g), torch.full((len(lens), max(widths) + 2), -1), 0
+    for i, w in enumerate(widths):
+        tables[i, :w] = perm[used:used + w]
+        used += w
+    k_cache, v_cache = (torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g) for _ in range(2))
+    q = torch.randn(len(lens), heads + 3, head_dim, generator=g)[:, :heads]
+    return q, k_cache, v_cache, tables[:, :max(widths)], torch.tensor(lens)
+
+
+def counting(calls: list):
+    """A stand-in for cpu_decode_kernel() whose kernel notes each call."""
+    return lambda: lambda *args: calls.append(1) or paged_decode_attention_cpu(*args)
+
+
+LENS = {8: [1, 8, 9, 1030, 23], 16: [1, 16, 17, 1100, 40], 32: [1, 32, 33, 1031, 70]}  # 1, a block, past it, long
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 4), (8, 2), (6, 2)], ids=["mha", "gqa2", "gqa4", "gqa3"])
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 20])  # 20: no specialised kernel, a partial last vector
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+def test_kernel_equals_torch_reference(heads, kv_heads, head_dim, block_size):
+    q, k_cache, v_cache, tables, lens = random_batch(LENS[block_size], block_size, heads, kv_heads, head_dim)
+    scale = head_dim ** -0.5
+    expected = paged_decode_attention(q, k_cache, v_cache, tables, lens, scale)
+    out = paged_decode_attention_cpu(q, k_cache, v_cache, tables, lens, scale)
+    assert out.shape == expected.shape and out.dtype == torch.float32
+    assert (out - expected).abs().max() < 1e-5
+
+
+def test_kernel_reads_nothing_past_the_context():
+    """NaN in every slot past each context (the end of its last block, unused blocks) leaves the output finite."""
+    q, k_cache, v_cache, tables, lens = random_batch([5, 16, 17, 40], 16, 8, 2, 32)
+    expected = paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.2)
+    used = torch.zeros(k_cache.shape[:2], dtype=torch.bool)
+    for row, n in zip(tables.tolist(), lens.tolist()):
+        for j in range(n):
+            used[row[j // 16], j % 16] = True
+    k_cache[~used], v_cache[~used] = float("nan"), float("nan")
+    out = paged_decode_attention_cpu(q, k_cache, v_cache, tables, lens, 0.2)
+    assert (out - expected).abs().max() < 1e-5
+
+
+def test_large_scores_do_not_overflow():
+    q, k_cache, v_cache, tables, lens = random_batch([300, 7], 16, 4, 2, 64)
+    expected = paged_decode_attention(q * 30, k_cache, v_cache, tables, lens, 1.0)
+    assert (paged_decode_attention_cpu(q * 30, k_cache, v_cache, tables, lens, 1.0) - expected).abs().max() < 1e-5
+
+
+def test_an_opaque_op_under_torch_compile():
+    q, k_cache, v_cache, tables, lens = random_batch([3, 50], 16, 8, 2, 32)
+    compiled = torch.compile(paged_decode_attention_cpu, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(q, k_cache, v_cache, tables, lens, 0.3),
+                               paged_decode_attention_cpu(q, k_cache, v_cache, tables, lens, 0.3))
+
+
+def test_backend_takes_the_kernel_and_its_torch_path_without_it(monkeypatch):
+    q, k_cache, v_cache, tables, lens = random_batch(list(range(1, 120, 3)), 16, 8, 2, 32)
+    ctx = Context(block_tables=tables, context_lens=lens, context_lens_cpu=lens.tolist())
+    expected = paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.25)
+    calls = []
+    monkeypatch.setattr(attention, "cpu_decode_kernel", counting(calls))
+    assert (TorchAttentionBackend().decode(q, k_cache, v_cache, ctx, 0.25) - expected).abs().max() < 1e-5 and calls
+    monkeypatch.setattr(attention, "cpu_decode_kernel", lambda: None)  # not built: chunks of decode_rows in torch
+    torch.testing.assert_close(TorchAttentionBackend().decode(q, k_cache, v_cache, ctx, 0.25), expected)
+
+
+def test_a_failed_build_warns_once_and_returns_none(monkeypatch):
+    def no_ninja(*args, **kwargs):
+        raise RuntimeError("Ninja is required to load C++ extensions (pip install ninja to get it)")
+
+    monkeypatch.setattr("torch.utils.cpp_extension.load", no_ninja)
+    with pytest.warns(RuntimeWarning, match="could not be built.*Ninja is required.*torch path"):
+        assert cpu_decode_kernel.__wrapped__() is None
+
+
+def test_default_model_on_the_kernel_equals_naive(monkeypatch):
+    from minillm import LLM, SamplingParams, default_model_path
+    from minillm.data import heldout_openings
+    from minillm.models import build_model
+    from minillm.naive import generate_naive
+    from minillm.tokenizer import Tokenizer
+
+    calls = []
+    monkeypatch.setattr(attention, "cpu_decode_kernel", counting(calls))
+    path = default_model_path()
+    tok, model = Tokenizer(path), build_model(path)
+    prompts = [tok.encode(o) for o in heldout_openings(5)]
+    expected = [list(generate_naive(model, p, 48, eos_token_ids=[tok.eos_token_id])) for p in prompts]
+    llm = LLM(kvcache_block_size=8)  # short blocks: contexts span several, scattered by the prefix cache's reuse
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=48), use_tqdm=False)
+    assert [o.token_ids for o in outputs] == expected
+    assert calls

@@ -10,6 +10,8 @@ _COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=160, num_hidden
 CONFIGS = {
     "qwen3-gqa-tied": (Qwen3ForCausalLM, Qwen3Config(**_COMMON, num_attention_heads=4, num_key_value_heads=2,
                                                      head_dim=32, tie_word_embeddings=True)),
+    "qwen3-gqa-untied": (Qwen3ForCausalLM, Qwen3Config(**_COMMON, num_attention_heads=4, num_key_value_heads=2,
+                                                       head_dim=16, tie_word_embeddings=False)),
     "qwen3-mha-untied": (Qwen3ForCausalLM, Qwen3Config(**_COMMON, num_attention_heads=4, num_key_value_heads=4,
                                                        head_dim=16, tie_word_embeddings=False)),
     "qwen2-gqa-bias": (Qwen2ForCausalLM, Qwen2Config(**_COMMON, num_attention_heads=8, num_key_value_heads=2,

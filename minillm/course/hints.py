@@ -353,6 +353,46 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "the normalised row to the output dtype before the weight multiplies it, as the torch version does. "
         "Write into the two output pointers only: the inputs must stay unchanged.",
     ),
+    "10.1": (
+        "The tensor is cut into tp_size equal pieces along one dimension; work out how long one piece is, "
+        "where piece number `rank` starts, and take that stretch of the dimension, leaving the others whole.",
+        "`weight.shape[dim] // tp_size` is the piece length; `weight.narrow(dim, start, length)` takes a "
+        "stretch of one dimension as a view, without copying.",
+        "Start at rank times the piece length, not at rank. Do not use `chunk` or `split` and then index a "
+        "list only if you keep the result a view: the tests check that writing into the piece changes the "
+        "original. With tp_size 1 the piece is the whole tensor.",
+    ),
+    "10.2": (
+        "Each rank holds the same number of heads of each kind: its share of the query heads, then its "
+        "share of the key heads, then as many value heads. Count the rows each part takes on one rank, and "
+        "each part starts where the previous one ends.",
+        "Per rank: num_heads // tp_size query heads and num_kv_heads // tp_size key/value heads, each "
+        "head_dim rows. q starts at 0; k at the size of q; v at the size of q plus the size of k.",
+        "Return a tuple (offset, size) of plain ints for the one shard_id asked for (\"q\", \"k\" or "
+        "\"v\"). k and v have the same size. Divide the head counts by tp_size before multiplying by "
+        "head_dim. The offsets do not depend on the rank: every rank packs its own heads the same way.",
+    ),
+    "10.3": (
+        "Each rank multiplies its slice of the input by its slice of the weight: a partial result of the full "
+        "output size. The ranks' partials add up to the whole product; an all-reduce does the adding. The "
+        "bias belongs to the sum, not to every partial.",
+        "`F.linear(x, weight, bias)` is x @ weightᵀ + bias; `all_reduce(partial, group)` from "
+        "minillm.utils.parallel sums over the ranks and returns the sum (and does nothing for group None).",
+        "Pass the bias only on rank 0 (None elsewhere), or the sum holds it tp_size times. Call all_reduce "
+        "exactly once, on the partial with the bias in it, and return what it gives back. Do not cut x: it "
+        "arrives already split.",
+    ),
+    "10.4": (
+        "Turn each id into this rank's local row number by subtracting where the rank's range starts. Ids "
+        "that land outside 0..n-1 belong to other ranks: look up something harmless for them and zero their "
+        "rows. The all-reduce then adds the one rank that had the row to the zeros of all the others.",
+        "`input_ids - vocab_start` gives local ids; `(local >= 0) & (local < n)` marks the ones this rank "
+        "holds; `local.clamp(0, n - 1)` makes every id safe to index; `embed(ids, weight)` (chapter 02) looks "
+        "them up; `masked_fill` or a multiplication by the mask zeroes the rows of the others.",
+        "The mask has the ids' shape; add a trailing dimension (`mask[..., None]`) to broadcast it over the "
+        "hidden size. Never index with an unclamped local id: a negative one would silently pick a row from "
+        "the end. Finish with `all_reduce(rows, group)` and return its result.",
+    ),
 }
 
 

@@ -38,9 +38,8 @@ class TensorParallelGroup:
         self.renew()
 
     def renew(self) -> None:
-        """Open the next device group (shutting the current one down if no failure did)."""
-        if not self.abandoned:
-            self.device_group.shutdown()
+        """Open the next device group (closing the current one if no failure did)."""
+        self.close_device_group()
         self.generation += 1
         store = dist.PrefixStore(f"device{self.generation}", self.store)
         if self.device.type == "cuda":
@@ -51,9 +50,7 @@ class TensorParallelGroup:
 
     def abandon_step(self, error: BaseException) -> None:
         """Give up the current step: fail the collectives the other ranks wait in (see the class docstring)."""
-        if not self.abandoned:
-            self.device_group.shutdown()
-            self.abandoned = True
+        self.close_device_group()
         if self.rank > 0 and "closed by peer" not in str(error):  # not rank 0 abandoning: this rank's own fault
             traceback.print_exception(error)
 
@@ -102,11 +99,16 @@ class TensorParallelGroup:
             self.control.broadcast(payload, 0).wait()
             return obj if self.rank == 0 else pickle.loads(payload.numpy().tobytes())
 
-    def close(self) -> None:
+    def close_device_group(self) -> None:
+        """Shut the device group down; dropping the last reference closes its connections, which is what fails
+        a peer's pending collective."""
         if not self.abandoned:
             self.device_group.shutdown()
+            self.device_group, self.abandoned = None, True
+
+    def close(self) -> None:
+        self.close_device_group()
         self.control.shutdown()
-        self.abandoned = True
 
 
 RENEW = "renew"  # rank 0's message before a step that follows an abandoned one

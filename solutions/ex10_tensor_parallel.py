@@ -65,8 +65,8 @@ def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     the full x_whole @ Wᵀ. Sum them with all_reduce(partial, group) (from minillm.utils.parallel; in place, and
     a no-op for group None). `bias`, [out] or None, is whole on every rank: add it on rank 0 only (tp_rank 0),
     before the all-reduce, or it would be counted tp_size times. Returns [tokens, out], the same on every rank.
-    The tests run two ranks in one process with a test double for the group that records each all-reduce,
-    check that each rank calls it exactly once, that the partials sum to the unsplit layer's output, and that
+    The tests run two and three ranks in one process with a test double for the group that records each
+    all-reduce (in its list `reduced`), check that each rank calls it exactly once, that the partials sum to the unsplit layer's output, and that
     the bias is counted once.
 
     Example: x_whole = [[1, 2]], W = [[1, 1]], bias [10], 2 ranks: rank 0 has x [[1]], W [[1]] and partial
@@ -90,7 +90,8 @@ def vocab_parallel_embed(input_ids: torch.Tensor, weight: torch.Tensor, vocab_st
     `weight`; for any other id, zeros; then all_reduce(result, group) (from minillm.utils.parallel; a no-op for
     group None). Never index `weight` with an id outside 0..n-1 (clamp or mask the local ids first: an id of
     another rank must not raise and must not pick up a row). The tests run two and three ranks in one process
-    with a test double for the group, check each rank's answer before the sum and that the ranks' answers add up
+    with a test double for the group (which records each all-reduce in its list `reduced`: exactly one per
+    call), check each rank's answer before the sum and that the ranks' answers add up
     to the whole table's lookup, for a 1-D and a 2-D batch of ids.
 
     Example: vocabulary 4 split over 2 ranks, rank 1 holds rows 2-3 = [[5., 5.], [7., 7.]] (vocab_start 2): ids

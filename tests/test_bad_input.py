@@ -1,8 +1,10 @@
 """Every bad input of the README's table gets an error that names the parameter and its limit, before any
 work starts, and leaves the engine as usable as a fresh one."""
 import math
-from pathlib import Path
+import os
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -79,11 +81,21 @@ ENGINES = [
      "kvcache_block_size must be a power of two"),
     ("block size zero", dict(kvcache_block_size=0), ValueError, "kvcache_block_size must be a positive integer"),
     ("unknown engine option", dict(max_num_seq=4), TypeError, r"unknown engine option\(s\) \['max_num_seq'\]"),
+    ("tensor_parallel_size not dividing the KV heads", dict(tensor_parallel_size=4), ValueError,
+     r"tensor_parallel_size=4 does not divide the model's key/value heads \(2\): choose one of \[1, 2\]"),
+    ("tensor_parallel_size beyond the CPU cores", dict(tensor_parallel_size=2, cpu_count=1), ValueError,
+     r"tensor_parallel_size=2 exceeds the 1 CPU cores of this machine: one rank per CPU core, so at most 1"),
+    ("tensor_parallel_size zero", dict(tensor_parallel_size=0), ValueError,
+     "tensor_parallel_size must be a positive integer"),
 ]
 
 
 @pytest.mark.parametrize("options, error, message", [r[1:] for r in ENGINES], ids=[r[0] for r in ENGINES])
-def test_a_bad_engine_option_is_named(options, error, message):
+def test_a_bad_engine_option_is_named(monkeypatch, options, error, message):
+    options = dict(options)
+    if "cpu_count" in options:  # a machine with fewer cores than this one
+        monkeypatch.setattr(os, "cpu_count", lambda n=options.pop("cpu_count"): n)
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("a worker process was started"))
     with pytest.raises(error, match=message):
         LLM(**options)
 

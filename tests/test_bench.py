@@ -70,6 +70,9 @@ class FakeRunner:
     def prepare_decode(self, seqs):
         return seqs
 
+    def load(self, inputs):
+        return None, None
+
     def run_model(self, input_ids, positions, is_prefill):
         return sum(range(10_000))
 
@@ -98,8 +101,8 @@ class FakeEngine:
     def step(self):
         seqs, is_prefill = self.scheduler.schedule()
         runner = self.model_runner
-        (runner.prepare_prefill if is_prefill else runner.prepare_decode)(seqs)
-        logits = runner.run_model(None, None, is_prefill)
+        inputs = (runner.prepare_prefill if is_prefill else runner.prepare_decode)(seqs)
+        logits = runner.run_model(*runner.load(inputs), is_prefill)
         runner.sampler(runner.prepare_sample(logits))
         return self.scheduler.postprocess(seqs, [])
 

@@ -2,7 +2,7 @@
 (scheduling, the forward, sampling, detokenizing, postprocessing), on the first, second or fourth call there,
 leaves the LLM usable: every block free, nothing waiting or running, and the same requests afterwards give the
 fresh engine's tokens (so nothing the failed call left in the prefix cache is handed out). Also with compiled
-decode steps. test_engine_safety.py covers a failing model forward in generate, closed streams and aborts.
+decode steps, and with tensor parallelism (TP=2: rank 0 fails, rank 1 waits in a collective). test_engine_safety.py covers a failing model forward in generate, closed streams and aborts.
 """
 import functools
 
@@ -115,3 +115,21 @@ def test_an_interrupt_in_a_compiled_decode_step_leaves_the_llm_usable(tiny_check
     llm = LLM(tiny_checkpoint, enforce_eager=False, max_num_seqs=2, **ENGINE)
     assert llm.model_runner.graphs is not None
     inject_and_check(llm, fresh, monkeypatch, llm.model_runner.sampler, "forward", 4, KeyboardInterrupt, "stream")
+
+
+@pytest.fixture(scope="module")
+def tp2(tiny_checkpoint):
+    with LLM(tiny_checkpoint, tensor_parallel_size=2, **ENGINE) as llm:
+        yield llm
+
+
+TP_POINTS = {**POINTS, "mid-forward": lambda llm: (llm.model_runner.model.model.layers[1].mlp, "forward")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+@pytest.mark.parametrize("point, api", [(p, a) for p in TP_POINTS for a in ("generate", "stream")
+                                        if (p, a) != ("detokenize", "generate")])
+def test_a_fault_with_tensor_parallelism_leaves_the_llm_usable(tp2, fresh, monkeypatch, point, api, error):
+    target, name = TP_POINTS[point](tp2)
+    inject_and_check(tp2, fresh, monkeypatch, target, name, 2, error, api)

@@ -17,7 +17,7 @@ from torch import nn
 # part of a step -> the engine methods it is made of (attribute paths from the engine)
 PARTS = {
     "schedule": ["scheduler.schedule"],
-    "prepare": ["model_runner.prepare_prefill", "model_runner.prepare_decode"],
+    "prepare": ["model_runner.prepare_prefill", "model_runner.prepare_decode", "model_runner.load"],
     "forward": ["model_runner.run_model"],
     "sample": ["model_runner.prepare_sample", "model_runner.sampler"],
     "postprocess": ["scheduler.postprocess"],

@@ -63,8 +63,8 @@ def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     the full x_whole @ Wᵀ. Sum them with all_reduce(partial, group) (from minillm.utils.parallel; in place, and
     a no-op for group None). `bias`, [out] or None, is whole on every rank: add it on rank 0 only (tp_rank 0),
     before the all-reduce, or it would be counted tp_size times. Returns [tokens, out], the same on every rank.
-    The tests run two ranks in one process with a test double for the group that records each all-reduce,
-    check that each rank calls it exactly once, that the partials sum to the unsplit layer's output, and that
+    The tests run two and three ranks in one process with a test double for the group that records each
+    all-reduce (in its list `reduced`), check that each rank calls it exactly once, that the partials sum to the unsplit layer's output, and that
     the bias is counted once.
 
     Example: x_whole = [[1, 2]], W = [[1, 1]], bias [10], 2 ranks: rank 0 has x [[1]], W [[1]] and partial

@@ -6,6 +6,7 @@ the forward pass (the one place that chooses between eager, compiled and graph r
 the tokens. Under tensor parallelism (chapter 10) every rank has a ModelRunner with its shard of the model:
 rank 0 prepares each step and broadcasts its StepInputs, every rank loads and runs them, rank 0 samples.
 """
+import os
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +21,7 @@ from minillm.layers.sampler import Sampler, SamplingMetadata
 from minillm.models import build_model
 from minillm.utils.compile import compiled_layers
 from minillm.utils.context import Context, get_context, reset_context, set_context
-from minillm.utils.parallel import TensorParallelGroup, tensor_parallel
+from minillm.utils.parallel import TensorParallelGroup, cpu_threads, tensor_parallel
 
 
 @dataclass
@@ -48,6 +49,9 @@ class ModelRunner:
             torch.cuda.set_device(self.device)
         with tensor_parallel(group):
             self.model = build_model(model_path, getattr(torch, config.dtype), self.device)
+        # ranks sharing a CPU split its cores: rank 0 too, while a step runs (the workers set theirs at start)
+        cpu_tp = group is not None and self.device.type == "cpu"
+        self.threads_per_rank = max(1, (os.cpu_count() or 1) // group.size) if cpu_tp else None
         self.block_size = config.kvcache_block_size
         self.attn_backend = select_attention_backend(config.attention_backend, self.device)
         for layer in self.model.modules():
@@ -220,7 +224,8 @@ class ModelRunner:
         if self.group:
             self.group.send_step(inputs)  # the other ranks run the same step on their shards
         try:
-            logits = self.execute(inputs)
+            with cpu_threads(self.threads_per_rank):
+                logits = self.execute(inputs)
         except BaseException as e:
             if self.group:  # the other ranks may wait in a collective this rank will never join
                 self.group.abandon_step(e)

@@ -130,6 +130,18 @@ def deferred_interrupt():
             raise KeyboardInterrupt
 
 
+@contextmanager
+def cpu_threads(n: int | None):
+    """torch's intra-op threads set to n inside the block (unchanged for None)."""
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 _GROUP: TensorParallelGroup | None = None  # the group of the model being built (see tensor_parallel)
 
 

@@ -44,8 +44,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 
 
 class TorchAttentionBackend:
-    """Attention over the paged cache in plain torch ops, on any device: the reference every other backend
-    (chapter 09's Triton kernels) is checked against.
+    """Attention over the paged cache in torch ops, on any device: the reference every other backend (chapter
+    09's Triton kernels) is checked against.
 
     On a CPU, float32 decode attention takes a small C++ kernel (minillm.layers.paged_attention_cpu, compiled
     on first use) that reads each sequence's keys and values in place through its block table, as vLLM's CPU

@@ -100,13 +100,14 @@ class Config:
     max_model_len: int | None = None  # prompt + generated tokens; default: the model's max_position_embeddings
     kvcache_block_size: int = 16
     num_kvcache_blocks: int | None = None
-    kvcache_memory_bytes: int = 512 * 2**20  # CPU
+    kvcache_memory_bytes: int = 512 * 2**20  # CPU; per tensor-parallel rank, as gpu_memory_utilization is per device
     gpu_memory_utilization: float = 0.9  # CUDA: fraction of the device's memory minillm may use in all
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"  # or "priority": higher priority first, FCFS among equals
     dtype: str = "float32"
     device: str = "cpu"
-    attention_backend: str = "auto"  # "torch" (the reference) or "triton" (chapter 09); auto: triton on CUDA
+    attention_backend: str = "auto"  # "torch" (the reference), "cpu" (a C++ decode kernel) or "triton" (chapter 09);
+    # auto: triton on CUDA, cpu on a CPU
     skip_tokenizer_init: bool = False  # run on token ids alone: no tokenizer.json needed, outputs have no text
     # vLLM's name. True: every step runs op by op. False: decode steps are replayed per batch-size bucket
     # (minillm.engine.graphs): CUDA graphs on a GPU, steps compiled by torch.compile on a CPU. None: the device's

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from minillm.layers import attention
-from minillm.layers.attention import TorchAttentionBackend
+from minillm.layers.attention import CPUAttentionBackend, select_attention_backend
 from minillm.layers.paged_attention import paged_decode_attention
 from minillm.layers.paged_attention_cpu import cpu_decode_kernel, paged_decode_attention_cpu
 from minillm.utils.context import Context
@@ -80,9 +80,9 @@ def test_backend_takes_the_kernel_and_its_torch_path_without_it(monkeypatch):
     expected = paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.25)
     calls = []
     monkeypatch.setattr(attention, "cpu_decode_kernel", counting(calls))
-    assert (TorchAttentionBackend().decode(q, k_cache, v_cache, ctx, 0.25) - expected).abs().max() < 1e-5 and calls
+    assert (CPUAttentionBackend().decode(q, k_cache, v_cache, ctx, 0.25) - expected).abs().max() < 1e-5 and calls
     monkeypatch.setattr(attention, "cpu_decode_kernel", lambda: None)  # not built: chunks of decode_rows in torch
-    torch.testing.assert_close(TorchAttentionBackend().decode(q, k_cache, v_cache, ctx, 0.25), expected)
+    torch.testing.assert_close(CPUAttentionBackend().decode(q, k_cache, v_cache, ctx, 0.25), expected)
 
 
 def test_a_failed_build_warns_once_and_returns_none(monkeypatch):

@@ -115,14 +115,14 @@ def test_cpu_tensors_without_the_interpreter_raise_an_error_naming_the_variable(
         kernels.rms_norm(x, torch.ones(8), 1e-6)
 
 
-def test_auto_picks_triton_on_cuda_when_it_compiles_and_torch_otherwise(monkeypatch):
+def test_auto_picks_triton_on_cuda_when_it_compiles_the_cpu_kernel_on_a_cpu_and_torch_otherwise(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert select_attention_backend("auto", "cuda").name == "triton"
-    assert select_attention_backend("auto", "cpu").name == "torch"
+    assert select_attention_backend("auto", "cpu").name == "cpu"
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # never the interpreter unasked: it copies the cache every launch
     assert select_attention_backend("auto", "cuda").name == "torch"
     assert select_attention_backend("triton").name == "triton"
-    with pytest.raises(ValueError, match="'torch', 'triton'"):
+    with pytest.raises(ValueError, match="'cpu', 'torch', 'triton'"):
         select_attention_backend("flash")
 
 

@@ -10,6 +10,8 @@ this machine), once: the build is cached in torch's extensions directory. Where 
 `cpu_decode_kernel` says why in one warning and returns None, and callers keep the torch path.
 """
 import functools
+import os
+import shutil
 import warnings
 from pathlib import Path
 
@@ -25,6 +27,9 @@ def cpu_decode_kernel():
     opaque."""
     try:
         from torch.utils.cpp_extension import load
+        if shutil.which("ninja") is None:  # the ninja wheel's binary, when the environment's bin is not on PATH
+            import ninja
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
         isa = torch.backends.cpu.get_cpu_capability()  # at::vec's instruction set, as torch's own kernels pick it
         flags = ["-O3", "-march=native", "-fopenmp", f"-DCPU_CAPABILITY={isa}", f"-DCPU_CAPABILITY_{isa}"]
         load("minillm_paged_attention_cpu", [str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"],

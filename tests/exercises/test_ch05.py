@@ -120,7 +120,8 @@ def engine_reference(tiny_checkpoint):
 def test_the_engine_runs_on_your_code(impl, tiny_checkpoint, engine_reference, exercise):
     prompts, expected = engine_reference
     with use_impl(impl, exercise):
-        llm = LLM(tiny_checkpoint, kvcache_block_size=4, num_kvcache_blocks=64)
+        # the torch reference backend: the one whose decode attention is exercise 05.2
+        llm = LLM(tiny_checkpoint, kvcache_block_size=4, num_kvcache_blocks=64, attention_backend="torch")
         outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
     assert [o.token_ids for o in outputs] == expected
     assert llm.block_manager.num_free_blocks == 64, "every block must be free again"

@@ -195,3 +195,30 @@ def test_a_size_beyond_the_machine_fails_before_any_process_starts(monkeypatch, 
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("a worker was started"))
     with pytest.raises(ValueError, match=r"tensor_parallel_size=4 exceeds the 2 CPU cores of this machine"):
         LLM(tmp_path, tensor_parallel_size=4)
+
+
+@pytest.mark.parametrize("ending", ["return", "raise", "KeyboardInterrupt", "SIGKILL"])
+def test_no_worker_outlives_a_script_however_it_ends(tmp_path, ending):
+    script = tmp_path / "end.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, sys
+        from minillm import LLM, SamplingParams
+        llm = LLM(tensor_parallel_size=2)
+        llm.generate(["Once upon a time"], SamplingParams(max_tokens=4), use_tqdm=False)
+        print(llm.workers[0].pid, flush=True)
+        ending = {ending!r}
+        if ending == "raise":
+            raise RuntimeError("the script fails")
+        if ending == "KeyboardInterrupt":
+            raise KeyboardInterrupt
+        if ending == "SIGKILL":  # no atexit, no finalizer: the worker notices its parent is gone
+            os.kill(os.getpid(), signal.SIGKILL)
+    """))
+    before = shm()
+    proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
+    pid = int(proc.stdout.split()[0])
+    deadline = time.monotonic() + 5
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(pid), f"worker {pid} outlived a script that ended by {ending}"
+    assert shm() <= before

@@ -2,6 +2,10 @@
 
     python -m minillm.bench --workload mixed --num-prompts 128
     python -m minillm.bench --random-size 100m --num-prompts 64 --backends minillm,hf-generate
+    python -m minillm.bench --ladder                      # naive loop -> ... -> compiled: the speedup ladder
+    python -m minillm.bench --serve-rates 2,4,8,16,inf    # Poisson arrivals: latency against request rate
+    python -m minillm.bench --roofline --random-size 100m # decode against measured bandwidth and FLOP/s
+    python -m minillm.bench --sizes tiny,25m,100m --backends minillm,hf-generate  # cost against size
 """
 import argparse
 import math
@@ -10,13 +14,13 @@ from pathlib import Path
 
 import torch
 
-from minillm.bench import workloads
+from minillm.bench import ladder, roofline, serving, workloads
 from minillm.bench.backends import Models, run_compiled, run_compiled_layers, run_eager, run_minillm, run_static
 from minillm.bench.hf import AUTO_BATCH_SIZES, run_hf_generate, run_hf_generate_batch
 from minillm.bench.metrics import latency, throughput
 from minillm.bench.models import RANDOM_SIZES, checkpoint, num_parameters, read_config, special_token_ids
-from minillm.bench.report import (breakdown_table, git_state, machine, plot, results_table, versions,
-                                  write_json)
+from minillm.bench.report import (breakdown_table, git_state, ladder_table, machine, plot, plot_ladder,
+                                  plot_serving, plot_sizes, results_table, serving_table, versions, write_json)
 from minillm.bench.workloads import Workload
 from minillm.config import Config, ModelConfig
 from minillm.engine.kv_cache import kv_cache_bytes_per_token
@@ -62,6 +66,27 @@ def hf_batch_size(text: str) -> str | int:
     return text if text == "auto" else positive_int(text)
 
 
+def names_from(choices: list[str]):
+    def parse(text: str) -> list[str]:
+        names = [name.strip() for name in text.split(",") if name.strip()]
+        unknown = [name for name in names if name not in choices]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"unknown name(s) {', '.join(unknown) or repr(text)}; "
+                                             f"choose from {', '.join(choices)}")
+        return names
+    return parse
+
+
+def rate_list(text: str) -> list[float]:
+    try:
+        rates = [float(r) for r in text.split(",")]
+    except ValueError:
+        rates = []
+    if not rates or not all(r > 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"expected comma-separated request rates > 0 (or inf), got {text!r}")
+    return rates
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m minillm.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -92,11 +117,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(capped at the number of prompts)")
     e.add_argument("--device", default="cpu", help="cpu or cuda, for every backend (default: cpu)")
     e.add_argument("--threads", **n, help="torch.set_num_threads for all backends (default: torch's)")
+    modes = p.add_argument_group("other benchmarks than the side-by-side comparison (one at a time)")
+    mode = modes.add_mutually_exclusive_group()
+    mode.add_argument("--ladder", action="store_true", help="the speedup ladder: the workload through each rung of "
+                      f"--rungs ({', '.join(r.name for r in ladder.RUNGS)})")
+    mode.add_argument("--serve-rates", type=rate_list, metavar="LIST",
+                      help="online serving: Poisson arrivals at each rate (requests/s, inf = all at once), "
+                           "minillm against static batching")
+    mode.add_argument("--roofline", action="store_true", help="batch-1 decode against the measured memory "
+                      "bandwidth, batched decode against the measured matmul FLOP/s (--input-len, --output-len)")
+    mode.add_argument("--sizes", type=names_from(list(RANDOM_SIZES)), metavar="LIST",
+                      help="the comparison on each random model size, e.g. tiny,25m,100m: cost against size")
+    modes.add_argument("--rungs", type=names_from([r.name for r in ladder.RUNGS]), metavar="LIST",
+                       help="--ladder: the rungs to run (default: all that run on --device)")
+    modes.add_argument("--ladder-slow-prompts", **n, default=8,
+                       help="--ladder: the one-request-at-a-time rungs run only this many first requests (default 8)")
+    modes.add_argument("--roofline-batch", **n, default=64, help="--roofline: the batched decode's batch (default 64)")
+    modes.add_argument("--roofline-bytes", **n, default=2**30,
+                       help="--roofline: size of the array streamed to measure bandwidth (default 1 GiB)")
     o = p.add_argument_group("output")
     o.add_argument("--output-json", type=Path, metavar="PATH",
                    help="default: results/bench/<workload>-<model>-<timestamp>.json")
-    o.add_argument("--plot", type=Path, metavar="PATH", help="a PNG bar chart of output tokens/s per backend")
-    return p.parse_args(argv)
+    o.add_argument("--plot", type=Path, metavar="PATH", help="a PNG chart: output tokens/s per backend (or rung; or "
+                   "against size), latency against rate for --serve-rates; none for --roofline")
+    args = p.parse_args(argv)
+    args.rungs = args.rungs or ladder.rungs_for(args.device)
+    return args
 
 
 def make_workload(args, pool: list[int], seed: int, num_prompts: int) -> Workload:
@@ -105,6 +151,15 @@ def make_workload(args, pool: list[int], seed: int, num_prompts: int) -> Workloa
     if args.workload == "mixed":
         return workloads.mixed(num_prompts, args.input_range, args.output_range, pool, seed)
     return workloads.shared_prefix(num_prompts, args.prefix_len, args.suffix_len, args.output_len, pool, seed)
+
+
+def describe(args) -> str:
+    """The workload in a few words, for plot titles: its kind and prompt/output lengths."""
+    if args.workload == "fixed":
+        return f"fixed {args.input_len}/{args.output_len} tokens"
+    if args.workload == "mixed":
+        return "mixed {}-{}/{}-{} tokens".format(*args.input_range, *args.output_range)
+    return f"shared-prefix {args.prefix_len}+{args.suffix_len}/{args.output_len} tokens"
 
 
 def engine_options(args, path: Path, workload: Workload) -> dict:
@@ -148,34 +203,14 @@ def summarize(runs: dict, workload: Workload) -> tuple[dict, dict]:
     return results, {name: ours / r["output_tokens_per_second"] for name, r in results.items() if name != "minillm"}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    """Run the benchmark; print the tables, write the JSON record (and the plot); return the record."""
-    args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    with checkpoint(args.model, args.random_size, args.seed) as (path, model_name):
-        config = read_config(path)
-        pool = workloads.token_pool(config["vocab_size"], special_token_ids(path))
-        workload = make_workload(args, pool, args.seed, args.num_prompts)
-        warmup = make_workload(args, pool, args.seed + 1, WARMUP_PROMPTS)  # other prompts: no prefix-cache hits
-        warmup.output_lens = [min(n, WARMUP_OUTPUT_LEN) for n in warmup.output_lens]
-        max_len = config.get("max_position_embeddings", 2048)
-        if workload.max_len > max_len:
-            raise SystemExit(f"error: a request of {workload.max_len} tokens (prompt + output) does not fit the "
-                             f"model's {max_len} positions: shorten the workload's lengths")
-        model = dict(name=model_name, path=None if args.random_size else str(path), random_size=args.random_size,
-                     num_parameters=num_parameters(path), vocab_size=config["vocab_size"],
-                     max_position_embeddings=max_len)
-        print(f"model {model_name} ({model['num_parameters'] / 1e6:.1f}M parameters), {args.workload} workload: "
-              f"{len(workload)} requests, {workload.num_input_tokens} prompt and {workload.num_output_tokens} "
-              f"output tokens; {torch.get_num_threads()} torch threads")
-        models = Models(path, engine_options(args, path, workload))
-        runs = {}
-        for name in (b for b in BACKENDS if b in args.backends):
-            runs[name] = BACKENDS[name](models, workload, warmup, args)
-            check_token_counts(name, runs[name].token_ids, workload.output_lens)
-            print(f"{name}: {workload.num_output_tokens / runs[name].elapsed:.1f} output tokens/s")
-
+def compare(args, path: Path, engine_opts: dict, workload: Workload, warmup: Workload) -> dict:
+    """Every backend of --backends on the workload: results, minillm's speedups and step breakdown; printed."""
+    models = Models(path, engine_opts)
+    runs = {}
+    for name in (b for b in BACKENDS if b in args.backends):
+        runs[name] = BACKENDS[name](models, workload, warmup, args)
+        check_token_counts(name, runs[name].token_ids, workload.output_lens)
+        print(f"{name}: {workload.num_output_tokens / runs[name].elapsed:.1f} output tokens/s")
     results, speedup = summarize(runs, workload)
     breakdown = runs["minillm"].info["breakdown"] if "minillm" in runs else None
     print("\n" + results_table(results, speedup))
@@ -184,18 +219,83 @@ def main(argv: list[str] | None = None) -> dict:
                                                       for t in results["hf-generate"]["tried"]))
     if breakdown:
         print("\nminillm step breakdown (share of step time)\n" + breakdown_table(breakdown))
+    return dict(results=results, minillm_speedup=speedup, breakdown=breakdown)
 
+
+def bench(args, random_size: str | None) -> dict:
+    """One benchmark (the comparison, or the mode asked for) on one model: the model's facts, the workload's,
+    the engine options, and what the benchmark measured."""
+    with checkpoint(args.model, random_size, args.seed) as (path, model_name):
+        config = read_config(path)
+        pool = workloads.token_pool(config["vocab_size"], special_token_ids(path))
+        workload = make_workload(args, pool, args.seed, args.num_prompts)
+        if args.roofline:  # its own requests: batch 1 and a batch of --roofline-batch, of fixed lengths
+            workload = workloads.fixed(args.roofline_batch, args.input_len, args.output_len, pool, args.seed)
+        warmup = make_workload(args, pool, args.seed + 1, WARMUP_PROMPTS)  # other prompts: no prefix-cache hits
+        warmup.output_lens = [min(n, WARMUP_OUTPUT_LEN) for n in warmup.output_lens]
+        max_len = config.get("max_position_embeddings", 2048)
+        if workload.max_len > max_len:
+            raise SystemExit(f"error: a request of {workload.max_len} tokens (prompt + output) does not fit the "
+                             f"model's {max_len} positions: shorten the workload's lengths")
+        model = dict(name=model_name, path=None if random_size else str(path), random_size=random_size,
+                     num_parameters=num_parameters(path), vocab_size=config["vocab_size"],
+                     max_position_embeddings=max_len)
+        print(f"model {model_name} ({model['num_parameters'] / 1e6:.1f}M parameters), {args.workload} workload: "
+              f"{len(workload)} requests, {workload.num_input_tokens} prompt and {workload.num_output_tokens} "
+              f"output tokens; {torch.get_num_threads()} torch threads")
+        engine_opts = engine_options(args, path, workload)
+        if args.ladder:
+            measured = ladder.run(path, engine_opts, workload, warmup, args)
+            print("\n" + ladder_table(measured["ladder"]))
+        elif args.serve_rates:
+            measured = serving.run(path, engine_opts, workload, warmup, args)
+            print("\n" + serving_table(measured["serving"]["results"]))
+        elif args.roofline:
+            measured = roofline.run(path, engine_opts, pool, args)
+        else:
+            measured = compare(args, path, engine_opts, workload, warmup)
+    return dict(model=model, engine_options=engine_opts,
+                workload=dict(name=args.workload, num_requests=len(workload),
+                              num_input_tokens=workload.num_input_tokens,
+                              num_output_tokens=workload.num_output_tokens), **measured)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark; print the tables, write the JSON record (and the plot); return the record."""
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.sizes:
+        sizes = [dict(size=size, **bench(args, size)) for size in args.sizes]
+        measured = dict(sizes=[dict(size=s["size"], num_parameters=s["model"]["num_parameters"], results=s["results"],
+                                    minillm_speedup=s["minillm_speedup"], breakdown=s["breakdown"],
+                                    engine_options=s["engine_options"]) for s in sizes])
+        model_name = "random-" + "-".join(args.sizes)
+        title = f"{describe(args)} x {args.num_prompts} requests, random models"
+        print("\n" + "\n".join(f"{s['size']} ({s['num_parameters'] / 1e6:.1f}M): " + ", ".join(
+            f"{name} {r['output_tokens_per_second']:.1f}" for name, r in s["results"].items()) + " output tok/s"
+                               for s in measured["sizes"]))
+    else:
+        measured = bench(args, args.random_size)
+        model_name = measured["model"]["name"]
+        title = f"{describe(args)} x {measured['workload']['num_requests']} requests, model {model_name}"
+    mode = next((m for m in ("ladder", "roofline", "sizes") if getattr(args, m)), "serve" if args.serve_rates else None)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     record = dict(created=stamp, machine=machine(args.device), versions=versions(), **git_state(),
-                  config=vars(args) | {"engine_options": models.engine_options}, model=model,
-                  workload=dict(name=args.workload, num_requests=len(workload),
-                                num_input_tokens=workload.num_input_tokens,
-                                num_output_tokens=workload.num_output_tokens),
-                  results=results, minillm_speedup=speedup, breakdown=breakdown)
-    json_path = args.output_json or Path("results/bench") / f"{args.workload}-{model_name}-{stamp}.json"
+                  config=vars(args) | {"engine_options": measured.pop("engine_options", None)}, **measured)
+    json_path = args.output_json or Path("results/bench") / ("-".join(
+        [*([mode] if mode else []), args.workload, model_name, stamp]) + ".json")
     write_json(record, json_path)
     print(f"\nrecord: {json_path}")
-    if args.plot:
-        plot(results, speedup, f"{args.workload} workload, {len(workload)} requests, model {model_name}", args.plot)
+    if args.plot and not args.roofline:
+        if args.ladder:
+            plot_ladder(record["ladder"]["rungs"], f"speedup ladder: {title}", args.plot)
+        elif args.serve_rates:
+            plot_serving(args.serve_rates, record["serving"]["results"], f"online serving (Poisson arrivals): {title}",
+                         args.plot)
+        elif args.sizes:
+            plot_sizes(record["sizes"], title, args.plot)
+        else:
+            plot(record["results"], record["minillm_speedup"], title, args.plot)
         print(f"plot: {args.plot}")
     return record

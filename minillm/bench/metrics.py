@@ -2,6 +2,7 @@
 
 TTFT (time to first token) = first_token_time - arrival_time: queueing plus prefill.
 TPOT (time per output token) = (finish_time - first_token_time) / (n_out - 1): the decode pace a request sees.
+E2EL (end-to-end latency) = finish_time - arrival_time: what a user waits for the whole answer.
 """
 import numpy as np
 
@@ -17,11 +18,12 @@ def throughput(workload: Workload, elapsed: float) -> dict:
 
 
 def latency(times: list[tuple[float, float, float]], output_lens: list[int]) -> dict:
-    """Mean, median and p99 of TTFT and TPOT in milliseconds, from (arrival, first token, finish) per request.
-    Requests of one output token have no TPOT."""
+    """Mean, median and p99 of TTFT, TPOT and E2EL in milliseconds, from (arrival, first token, finish) per
+    request. Requests of one output token have no TPOT."""
     ttft = [first - arrival for arrival, first, _ in times]
     tpot = [(finish - first) / (n - 1) for (_, first, finish), n in zip(times, output_lens) if n > 1]
-    return summary("ttft", ttft) | summary("tpot", tpot)
+    e2el = [finish - arrival for arrival, _, finish in times]
+    return summary("ttft", ttft) | summary("tpot", tpot) | summary("e2el", e2el)
 
 
 def summary(name: str, seconds: list[float]) -> dict:

@@ -1,0 +1,81 @@
+"""The roofline: how close decoding comes to what the machine can do, measured on the machine itself.
+
+A decode step at batch 1 reads every weight (and the request's KV cache) once for one token: it is bound by
+memory bandwidth, so its ceiling is bandwidth / bytes per token. At batch B the same weights serve B tokens,
+and the step becomes bound by matmul FLOP/s (2 FLOPs per parameter per token). The tool measures both ceilings
+here: streaming an array far larger than the last-level cache, and a large fp32 torch.mm.
+"""
+import time
+
+import torch
+
+from minillm.bench import workloads
+from minillm.bench.backends import Models, run_minillm
+from minillm.bench.models import num_parameters
+from minillm.config import Config, ModelConfig
+from minillm.engine.kv_cache import kv_cache_bytes_per_token
+
+
+def best_seconds(fn, repeats: int) -> float:
+    """The fastest of `repeats` timed calls, after one untimed call: the least disturbed by other work."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+@torch.inference_mode()
+def memory_bandwidth(nbytes: int = 2**30, repeats: int = 5) -> dict:
+    """GB/s reading an fp32 array of nbytes (a sum) and copying it (read + write), best of several."""
+    a = torch.ones(nbytes // 4)
+    b = torch.empty_like(a)
+    read = nbytes / best_seconds(a.sum, repeats) / 1e9
+    copy = 2 * nbytes / best_seconds(lambda: b.copy_(a), repeats) / 1e9
+    return dict(array_bytes=nbytes, read_gb_s=read, copy_gb_s=copy, gb_s=max(read, copy))
+
+
+@torch.inference_mode()
+def matmul_flops(n: int = 2048, repeats: int = 5) -> dict:
+    """FLOP/s of an n×n by n×n fp32 torch.mm (2n³ FLOPs), best of several."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    c = torch.empty(n, n)
+    return dict(n=n, flops=2 * n**3 / best_seconds(lambda: torch.mm(a, b, out=c), repeats))
+
+
+def decode_rate(models: Models, batch: int, pool: list[int], args) -> dict:
+    """Decode tokens/s of the engine at a batch of `batch` equal requests: sequences decoded per second in its
+    decode steps (prefill steps left out), from the step breakdown."""
+    workload = workloads.fixed(batch, args.input_len, args.output_len, pool, args.seed)
+    warmup = workloads.fixed(batch, args.input_len, 4, pool, args.seed + 1)
+    decode = run_minillm(models, workload, warmup, args).info["breakdown"]["decode"]
+    return dict(batch_size=batch, decode_step_ms=decode["mean_step_ms"],
+                tokens_per_second=decode["mean_batch_size"] / decode["mean_step_ms"] * 1000)
+
+
+def run(path, engine_options: dict, pool: list[int], args) -> dict:
+    """Both ceilings, then batch-1 decode against bandwidth and batch --roofline-batch decode against FLOP/s."""
+    bandwidth, matmul = memory_bandwidth(args.roofline_bytes), matmul_flops()
+    print(f"memory bandwidth: {bandwidth['read_gb_s']:.1f} GB/s read, {bandwidth['copy_gb_s']:.1f} GB/s copy "
+          f"({bandwidth['array_bytes'] / 2**30:.2f} GiB array); fp32 matmul: {matmul['flops'] / 1e9:.1f} GFLOP/s")
+    params = num_parameters(path)
+    dtype = getattr(torch, engine_options.get("dtype", Config.dtype))
+    weight_bytes = params * dtype.itemsize
+    # batch 1: each token reads every weight and its request's KV cache, on average half-way through the output
+    kv_bytes = (args.input_len + args.output_len / 2) * kv_cache_bytes_per_token(ModelConfig.from_pretrained(path), dtype)
+    models = Models(path, engine_options)
+    one = decode_rate(models, 1, pool, args)
+    one |= dict(weight_bytes_per_token=weight_bytes, kv_bytes_per_token=kv_bytes,
+                achieved_gb_s=(weight_bytes + kv_bytes) * one["tokens_per_second"] / 1e9)
+    one["fraction_of_bandwidth"] = one["achieved_gb_s"] / bandwidth["gb_s"]
+    many = decode_rate(models, args.roofline_batch, pool, args)
+    many |= dict(flops_per_token=2 * params, flops=2 * params * many["tokens_per_second"])
+    many["fraction_of_matmul_flops"] = many["flops"] / matmul["flops"]
+    print(f"batch-1 decode: {one['tokens_per_second']:.1f} tok/s x {(weight_bytes + kv_bytes) / 1e6:.1f} MB/token "
+          f"= {one['achieved_gb_s']:.1f} GB/s, {one['fraction_of_bandwidth']:.0%} of the measured bandwidth\n"
+          f"batch-{args.roofline_batch} decode: {many['tokens_per_second']:.1f} tok/s x 2 x {params / 1e6:.1f}M "
+          f"parameters = {many['flops'] / 1e9:.1f} GFLOP/s, {many['fraction_of_matmul_flops']:.0%} of the matmul's")
+    return dict(roofline=dict(memory_bandwidth=bandwidth, matmul=matmul, num_parameters=params,
+                              batch_1=one, batched=many))

@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> dict:
                                     minillm_speedup=s["minillm_speedup"], breakdown=s["breakdown"],
                                     engine_options=s["engine_options"]) for s in sizes])
         model_name = "random-" + "-".join(args.sizes)
-        title = f"{describe(args)} x {args.num_prompts} requests, random models"
+        title = f"cost against size: {describe(args)} x {args.num_prompts} requests, random models"
         print("\n" + "\n".join(f"{s['size']} ({s['num_parameters'] / 1e6:.1f}M): " + ", ".join(
             f"{name} {r['output_tokens_per_second']:.1f}" for name, r in s["results"].items()) + " output tok/s"
                                for s in measured["sizes"]))

@@ -1,5 +1,7 @@
-"""minillm.bench: its workloads, metrics, step breakdown, peers' token counts, CLI and JSON record (never speed)."""
+"""minillm.bench: its workloads, metrics, step breakdown, peers' token counts, CLI and JSON record; the ladder,
+online serving, the roofline and cost against size (that each runs and records its fields, never speed)."""
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -8,12 +10,15 @@ from checkpoints import make_checkpoint
 
 from minillm import default_model_path
 from minillm.bench import main, workloads
-from minillm.bench.backends import Models, run_compiled, run_compiled_layers, run_eager, run_minillm, run_static
+from minillm.bench import ladder
+from minillm.bench.backends import (Models, greedy, run_compiled, run_compiled_layers, run_eager, run_minillm,
+                                    run_static)
 from minillm.bench.breakdown import PARTS, StepBreakdown
 from minillm.bench.cli import DEFAULT_BACKENDS, check_token_counts, parse_args
 from minillm.bench.hf import batch_sizes, generate_padded, run_hf_generate_batch
 from minillm.bench.metrics import latency
 from minillm.bench.models import RANDOM_SIZES, num_parameters, save_random_qwen3, special_token_ids
+from minillm.bench.serving import poisson_arrivals, serve_minillm, serve_static
 from minillm.bench.workloads import Workload
 
 POOL = workloads.token_pool(1000, {0, 1, 2})
@@ -52,6 +57,7 @@ def test_latency_from_timestamps():
     stats = latency([(0.0, 0.1, 0.5), (0.0, 0.3, 0.3)], [5, 1])
     assert stats["mean_ttft_ms"] == pytest.approx(200) and stats["median_ttft_ms"] == pytest.approx(200)
     assert stats["mean_tpot_ms"] == pytest.approx(100) and stats["p99_tpot_ms"] == pytest.approx(100)
+    assert stats["mean_e2el_ms"] == pytest.approx(400) and stats["p99_e2el_ms"] == pytest.approx(500, rel=0.01)
     assert latency([(0.0, 0.1, 0.1)], [1])["mean_tpot_ms"] is None
 
 
@@ -200,6 +206,11 @@ def test_random_model_sizes(tmp_path):
     (["--hf-batch-size", "big"], "expected a positive integer, got 'big'"),
     (["--model", "x", "--random-size", "tiny"], "not allowed with argument --model"),
     (["--random-size", "1b"], "invalid choice: '1b'"),
+    (["--serve-rates", "2,0"], "expected comma-separated request rates > 0 (or inf), got '2,0'"),
+    (["--rungs", "naive,turbo"], "unknown name(s) turbo; choose from naive, kv-cache, static, continuous, "
+                                 "prefix-caching, compiled, triton"),
+    (["--sizes", "tiny,1b"], "unknown name(s) 1b"),
+    (["--ladder", "--roofline"], "not allowed with argument --ladder"),
 ])
 def test_cli_argument_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -237,4 +248,101 @@ def test_end_to_end_record(tmp_path):
     assert set(record["minillm_speedup"]) == set(DEFAULT_BACKENDS) - {"minillm"}
     assert set(record["breakdown"]) == {"prefill", "decode"}
     assert sum(record["breakdown"]["decode"]["share"].values()) == pytest.approx(1)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_poisson_arrivals_are_seeded_increasing_and_have_the_rate_on_average():
+    arrivals = poisson_arrivals(4000, 8.0, seed=1)
+    assert arrivals == poisson_arrivals(4000, 8.0, seed=1) and arrivals != poisson_arrivals(4000, 8.0, seed=2)
+    assert all(a < b for a, b in zip(arrivals, arrivals[1:])) and arrivals[0] > 0
+    assert len(arrivals) / arrivals[-1] == pytest.approx(8.0, rel=0.05)
+    assert poisson_arrivals(3, math.inf) == [0.0, 0.0, 0.0]
+
+
+def test_serving_counts_latency_from_each_arrival_and_generates_the_offline_tokens(eos_checkpoint):
+    workload = Workload([[5, 6, 7], [9, 8, 7, 6, 5, 4], [3] * 10, [4, 4]], [6, 1, 11, 3])
+    engine = Models(eos_checkpoint, {"enable_prefix_caching": False}).engine
+    offline = [out.token_ids for out in engine.generate(workload.prompts, greedy(workload.output_lens), use_tqdm=False)]
+    arrivals = [0.0, 0.05, 0.05, 0.2]
+    for run in (serve_minillm(engine, workload, arrivals), serve_static(engine, workload, arrivals, batch_size=2)):
+        assert run.token_ids == offline
+        start = run.times[0][0]
+        assert [arrival - start for arrival, _, _ in run.times] == pytest.approx(arrivals)
+        assert all(arrival <= first <= finish for arrival, first, finish in run.times)
+        assert run.times[3][1] - start >= 0.2  # the last request was not served before it arrived
+        assert run.elapsed == pytest.approx(max(finish for _, _, finish in run.times) - start)
+    assert engine.is_finished() and engine.block_manager.num_free_blocks == len(engine.block_manager.blocks)
+
+
+def test_every_ladder_rung_generates_the_naive_loops_greedy_tokens(eos_checkpoint):
+    workload, warmup = Workload([[5, 6, 7], [9, 8, 7, 6, 5, 4], [3] * 10], [6, 1, 11]), Workload([[1, 2]], [2])
+    args = SimpleNamespace(rungs=ladder.rungs_for("cpu"), ladder_slow_prompts=3, static_batch_size=None)
+    rungs = ladder.run(eos_checkpoint, {}, workload, warmup, args)["ladder"]["rungs"]
+    assert list(rungs) == ["naive", "kv-cache", "static", "continuous", "prefix-caching", "compiled"]
+    for name, r in rungs.items():
+        assert r["same_tokens_as_first"] == 1.0, name  # the first rung is the naive loop, on every request
+        assert r["num_requests"] == 3 and r["num_output_tokens"] == 18
+    assert rungs["naive"]["speedup_over_first"] == rungs["naive"]["speedup_over_previous"] == 1.0
+    assert rungs["continuous"]["graph_mode"].startswith("eager") and not rungs["compiled"]["graph_mode"].startswith("eager")
+
+
+def test_ladder_record_runs_the_slow_rungs_on_the_first_requests(tmp_path):
+    out, png = tmp_path / "l.json", tmp_path / "l.png"
+    main(["--ladder", "--random-size", "tiny", "--num-prompts", "4", "--input-len", "8", "--output-len", "4",
+          "--rungs", "naive,kv-cache,static,continuous", "--ladder-slow-prompts", "2", "--output-json", str(out),
+          "--plot", str(png)])
+    record = json.loads(out.read_text())
+    assert record["ladder"]["slow_prompts"] == 2 and record["workload"]["num_requests"] == 4
+    rungs = record["ladder"]["rungs"]
+    assert list(rungs) == ["naive", "kv-cache", "static", "continuous"]
+    assert [r["num_requests"] for r in rungs.values()] == [2, 2, 4, 4]
+    assert [r["first_requests_only"] for r in rungs.values()] == [True, True, False, False]
+    for r in rungs.values():
+        assert set(r) >= {"label", "output_tokens_per_second", "speedup_over_previous", "speedup_over_first",
+                          "same_tokens_as_first", "elapsed_time"} and r["same_tokens_as_first"] == 1.0
+    first, second = rungs["naive"]["output_tokens_per_second"], rungs["kv-cache"]["output_tokens_per_second"]
+    assert rungs["kv-cache"]["speedup_over_previous"] == pytest.approx(second / first)
+    assert "mean_ttft_ms" in rungs["static"] and "mean_ttft_ms" not in rungs["naive"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_serving_record_has_latency_per_rate_for_both_backends(tmp_path):
+    out, png = tmp_path / "s.json", tmp_path / "s.png"
+    main(["--serve-rates", "40,inf", "--random-size", "tiny", "--num-prompts", "4", "--workload", "mixed",
+          "--input-range", "3:12", "--output-range", "1:6", "--static-batch-size", "2", "--output-json", str(out),
+          "--plot", str(png)])
+    serving = json.loads(out.read_text())["serving"]
+    assert serving["request_rates"] == [40, math.inf] and serving["static_batch_size"] == 2
+    assert list(serving["results"]) == ["minillm", "minillm-static"]
+    for by_rate in serving["results"].values():
+        assert [r["request_rate"] for r in by_rate] == [40, math.inf]
+        for r in by_rate:
+            assert r["num_requests"] == 4 and r["output_tokens_per_second"] > 0
+            for metric in ("ttft", "tpot", "e2el"):
+                assert 0 < r[f"median_{metric}_ms"] <= r[f"p99_{metric}_ms"]
+            assert r["mean_e2el_ms"] >= r["mean_ttft_ms"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_roofline_record_has_fractions_of_the_measured_ceilings(tmp_path):
+    out = tmp_path / "r.json"
+    main(["--roofline", "--random-size", "tiny", "--roofline-batch", "4", "--input-len", "16", "--output-len", "8",
+          "--roofline-bytes", str(64 * 2**20), "--output-json", str(out)])
+    roofline = json.loads(out.read_text())["roofline"]
+    assert roofline["memory_bandwidth"]["array_bytes"] == 64 * 2**20 and roofline["memory_bandwidth"]["gb_s"] > 0
+    assert roofline["matmul"]["flops"] > 0 and 0.8e6 < roofline["num_parameters"] < 1.2e6
+    one, many = roofline["batch_1"], roofline["batched"]
+    assert one["batch_size"] == 1 and many["batch_size"] == 4
+    assert one["weight_bytes_per_token"] == 4 * roofline["num_parameters"] and one["kv_bytes_per_token"] > 0
+    assert many["flops_per_token"] == 2 * roofline["num_parameters"]
+    assert 0 < one["fraction_of_bandwidth"] < 1.5 and 0 < many["fraction_of_matmul_flops"] < 1.5
+
+
+def test_cost_against_size_record(tmp_path):
+    out, png = tmp_path / "z.json", tmp_path / "z.png"
+    main(["--sizes", "tiny", "--backends", "minillm,hf-generate", "--num-prompts", "2", "--input-len", "8",
+          "--output-len", "4", "--output-json", str(out), "--plot", str(png)])
+    sizes = json.loads(out.read_text())["sizes"]
+    assert [s["size"] for s in sizes] == ["tiny"] and 0.8e6 < sizes[0]["num_parameters"] < 1.2e6
+    assert list(sizes[0]["results"]) == ["minillm", "hf-generate"] and set(sizes[0]["minillm_speedup"]) == {"hf-generate"}
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -130,8 +130,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help="the comparison on each random model size, e.g. tiny,25m,100m: cost against size")
     modes.add_argument("--rungs", type=names_from([r.name for r in ladder.RUNGS]), metavar="LIST",
                        help="--ladder: the rungs to run (default: all that run on --device)")
-    modes.add_argument("--ladder-slow-prompts", **n, default=8,
-                       help="--ladder: the one-request-at-a-time rungs run only this many first requests (default 8)")
+    modes.add_argument("--ladder-slow-prompts", **n, default=4,
+                       help="--ladder: the one-request-at-a-time rungs run only this many first requests (default 4)")
     modes.add_argument("--roofline-batch", **n, default=64, help="--roofline: the batched decode's batch (default 64)")
     modes.add_argument("--roofline-bytes", **n, default=2**30,
                        help="--roofline: size of the array streamed to measure bandwidth (default 1 GiB)")

@@ -91,13 +91,13 @@ def ladder_table(ladder: dict) -> str:
 def serving_table(results: dict) -> str:
     """One row per backend and request rate: throughput, then mean/p50/p99 of TTFT, TPOT and E2EL in ms."""
     header = (f"{'backend':<16}{'rate':>7}{'req/s':>8}{'out tok/s':>11}" + "".join(
-        f"{m + ' mean/p50/p99 ms':>26}" for m in ("TTFT", "TPOT", "E2EL")))
+        f"{m + ' mean/p50/p99 ms':>30}" for m in ("TTFT", "TPOT", "E2EL")))
     rows = [header, "-" * len(header)]
     for name, by_rate in results.items():
         for r in by_rate:
             rows.append(f"{name:<16}{r['request_rate']:>7g}{r['requests_per_second']:>8.2f}"
                         f"{r['output_tokens_per_second']:>11.1f}" + "".join(
-                            f"{' / '.join(_ms(r[f'{s}_{m}_ms']) for s in ('mean', 'median', 'p99')):>26}"
+                            f"{' / '.join(_ms(r[f'{s}_{m}_ms']) for s in ('mean', 'median', 'p99')):>30}"
                             for m in ("ttft", "tpot", "e2el")))
     return "\n".join(rows)
 

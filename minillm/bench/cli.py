@@ -228,9 +228,9 @@ def bench(args, random_size: str | None) -> dict:
     with checkpoint(args.model, random_size, args.seed) as (path, model_name):
         config = read_config(path)
         pool = workloads.token_pool(config["vocab_size"], special_token_ids(path))
-        workload = make_workload(args, pool, args.seed, args.num_prompts)
-        if args.roofline:  # its own requests: batch 1 and a batch of --roofline-batch, of fixed lengths
-            workload = workloads.fixed(args.roofline_batch, args.input_len, args.output_len, pool, args.seed)
+        kind = "fixed" if args.roofline else args.workload  # the roofline's requests: fixed, a batch of --roofline-batch
+        workload = (workloads.fixed(args.roofline_batch, args.input_len, args.output_len, pool, args.seed)
+                    if args.roofline else make_workload(args, pool, args.seed, args.num_prompts))
         warmup = make_workload(args, pool, args.seed + 1, WARMUP_PROMPTS)  # other prompts: no prefix-cache hits
         warmup.output_lens = [min(n, WARMUP_OUTPUT_LEN) for n in warmup.output_lens]
         max_len = config.get("max_position_embeddings", 2048)
@@ -240,7 +240,7 @@ def bench(args, random_size: str | None) -> dict:
         model = dict(name=model_name, path=None if random_size else str(path), random_size=random_size,
                      num_parameters=num_parameters(path), vocab_size=config["vocab_size"],
                      max_position_embeddings=max_len)
-        print(f"model {model_name} ({model['num_parameters'] / 1e6:.1f}M parameters), {args.workload} workload: "
+        print(f"model {model_name} ({model['num_parameters'] / 1e6:.1f}M parameters), {kind} workload: "
               f"{len(workload)} requests, {workload.num_input_tokens} prompt and {workload.num_output_tokens} "
               f"output tokens; {torch.get_num_threads()} torch threads")
         engine_opts = engine_options(args, path, workload)
@@ -255,7 +255,7 @@ def bench(args, random_size: str | None) -> dict:
         else:
             measured = compare(args, path, engine_opts, workload, warmup)
     return dict(model=model, engine_options=engine_opts,
-                workload=dict(name=args.workload, num_requests=len(workload),
+                workload=dict(name=kind, num_requests=len(workload),
                               num_input_tokens=workload.num_input_tokens,
                               num_output_tokens=workload.num_output_tokens), **measured)
 

@@ -210,6 +210,7 @@ def test_random_model_sizes(tmp_path):
     (["--rungs", "naive,turbo"], "unknown name(s) turbo; choose from naive, kv-cache, static, continuous, "
                                  "prefix-caching, compiled, triton"),
     (["--sizes", "tiny,1b"], "unknown name(s) 1b"),
+    (["--ladder", "--rungs", "static,triton"], "--rungs: triton runs on --device cuda only"),
     (["--ladder", "--roofline"], "not allowed with argument --ladder"),
 ])
 def test_cli_argument_errors(argv, message, capsys):

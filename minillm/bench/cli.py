@@ -141,6 +141,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     o.add_argument("--plot", type=Path, metavar="PATH", help="a PNG chart: output tokens/s per backend (or rung; or "
                    "against size), latency against rate for --serve-rates; none for --roofline")
     args = p.parse_args(argv)
+    if args.rungs and not set(args.rungs) <= set(ladder.rungs_for(args.device)):
+        p.error(f"--rungs: {', '.join(sorted(set(args.rungs) - set(ladder.rungs_for(args.device))))} runs on "
+                "--device cuda only")
     args.rungs = args.rungs or ladder.rungs_for(args.device)
     return args
 

@@ -90,3 +90,30 @@ def test_compare_records_both_engines_and_the_greedy_check(tmp_path, capsys):
     assert results["llama_cpp"]["same_tokens_as_minillm"] == 1 and results["llama_cpp"]["kv_cache"] == "f32"
     assert set(record["llama_cpp"]["minillm_speedup"]) == {"prompt", "decode"}
     assert "minillm / llama.cpp" in capsys.readouterr().out
+
+
+def test_peer_needs_the_roofline(capsys):
+    from minillm.bench.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--peer", "llama-cpp", "--random-size", "tiny"])
+    assert "--peer runs with --roofline only" in capsys.readouterr().err
+
+
+def test_roofline_record_with_the_llama_cpp_peer(tmp_path, monkeypatch):
+    """With the peers extra: both engines' batch-1 figures and the greedy check; without: why not, and the
+    roofline's own record all the same."""
+    from minillm.bench.cli import main
+
+    monkeypatch.setattr(llamacpp, "CACHE_DIR", tmp_path / "gguf")
+    out = tmp_path / "r.json"
+    main(["--roofline", "--peer", "llama-cpp", "--random-size", "tiny", "--roofline-batch", "2", "--input-len", "16",
+          "--output-len", "8", "--roofline-bytes", str(16 * 2**20), "--output-json", str(out)])
+    record = json.loads(out.read_text())
+    assert record["roofline"]["batch_1"]["tokens_per_second"] > 0
+    if llamacpp.unavailable():
+        assert record["llama_cpp"]["unavailable"].startswith("not installed")
+    else:
+        results = record["llama_cpp"]["results"]
+        assert len(results["llama_cpp"]["decode_tps"]) == 4 and results["llama_cpp"]["same_tokens_as_minillm"] == 1
+        assert len(list((tmp_path / "gguf").glob("*.gguf"))) == 1

@@ -5,6 +5,7 @@
     python -m minillm.bench --ladder                      # naive loop -> ... -> compiled: the speedup ladder
     python -m minillm.bench --serve-rates 2,4,8,16,inf    # Poisson arrivals: latency against request rate
     python -m minillm.bench --roofline --random-size 100m # decode against measured bandwidth and FLOP/s
+    python -m minillm.bench --roofline --random-size 100m --peer llama-cpp  # and llama.cpp at batch 1
     python -m minillm.bench --sizes tiny,25m,100m --backends minillm,hf-generate  # cost against size
 """
 import argparse
@@ -133,6 +134,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     modes.add_argument("--ladder-slow-prompts", **n, default=4,
                        help="--ladder: the one-request-at-a-time rungs run only this many first requests (default 4)")
     modes.add_argument("--roofline-batch", **n, default=64, help="--roofline: the batched decode's batch (default 64)")
+    modes.add_argument("--peer", choices=["llama-cpp"], help="--roofline: also llama.cpp (the peers extra) on the "
+                       "same weights, fp32 GGUF: batch-1 prompt and decode tokens/s against minillm's")
     modes.add_argument("--roofline-bytes", **n, default=2**30,
                        help="--roofline: size of the array streamed to measure bandwidth (default 1 GiB)")
     o = p.add_argument_group("output")
@@ -144,6 +147,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.rungs and not set(args.rungs) <= set(ladder.rungs_for(args.device)):
         p.error(f"--rungs: {', '.join(sorted(set(args.rungs) - set(ladder.rungs_for(args.device))))} runs on "
                 "--device cuda only")
+    if args.peer and not args.roofline:
+        p.error("--peer runs with --roofline only")
     args.rungs = args.rungs or ladder.rungs_for(args.device)
     return args
 

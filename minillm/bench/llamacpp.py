@@ -90,9 +90,10 @@ def run_minillm(llm: LLM, prompts: list[list[int]], output_len: int) -> dict:
     return dict(token_ids=token_ids, prompt_tps=prompt_tps, decode_tps=decode_tps)
 
 
-def compare(path: Path, llm: LLM, prompts: list[list[int]], output_len: int, cache_dir: Path = CACHE_DIR) -> dict:
+def compare(path: Path, llm: LLM, prompts: list[list[int]], output_len: int, cache_dir: Path | None = None) -> dict:
     """llama.cpp against minillm at batch 1 on prompts (the first a warm-up): medians of prompt and decode
-    tokens/s, how many greedy outputs agree, minillm's ratios. {"llama_cpp": {"unavailable": why}} when
+    tokens/s, how many greedy outputs agree, minillm's ratios; the GGUF is cached in cache_dir (default
+    results/gguf). {"llama_cpp": {"unavailable": why}} when
     llama-cpp-python is not installed."""
     if why := unavailable():
         print(f"llama.cpp peer skipped: {why}")
@@ -100,7 +101,7 @@ def compare(path: Path, llm: LLM, prompts: list[list[int]], output_len: int, cac
     from minillm.bench.gguf_export import export
 
     threads = torch.get_num_threads()
-    gguf_path = export(path, cache_dir)
+    gguf_path = export(path, cache_dir or CACHE_DIR)
     runs = {"minillm": run_minillm(llm, prompts, output_len),
             "llama_cpp": run_llamacpp(gguf_path, prompts, output_len, threads)}
     out = {}

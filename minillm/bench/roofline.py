@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from minillm.bench import workloads
+from minillm.bench import llamacpp, workloads
 from minillm.bench.backends import Models, run_minillm
 from minillm.bench.models import num_parameters
 from minillm.config import Config, ModelConfig
@@ -77,5 +77,9 @@ def run(path, engine_options: dict, pool: list[int], args) -> dict:
           f"= {one['achieved_gb_s']:.1f} GB/s, {one['fraction_of_bandwidth']:.0%} of the measured bandwidth\n"
           f"batch-{args.roofline_batch} decode: {many['tokens_per_second']:.1f} tok/s x 2 x {params / 1e6:.1f}M "
           f"parameters = {many['flops'] / 1e9:.1f} GFLOP/s, {many['fraction_of_matmul_flops']:.0%} of the matmul's")
-    return dict(roofline=dict(memory_bandwidth=bandwidth, matmul=matmul, num_parameters=params,
-                              batch_1=one, batched=many))
+    record = dict(roofline=dict(memory_bandwidth=bandwidth, matmul=matmul, num_parameters=params,
+                                batch_1=one, batched=many))
+    if getattr(args, "peer", None) == "llama-cpp":  # a warm-up prompt, then 3: medians of 3
+        prompts = workloads.fixed(4, args.input_len, args.output_len, pool, args.seed + 2).prompts
+        record |= llamacpp.compare(path, models.engine, prompts, args.output_len)
+    return record

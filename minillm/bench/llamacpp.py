@@ -9,7 +9,8 @@ prompts, with the same number of threads (llama.cpp's n_threads = n_threads_batc
 - decode tokens/s: one token per forward pass of one new token (llama_cpp.Llama.eval), then its argmax.
 
 Each prompt is a different one (minillm's prefix cache never hits), the first is a warm-up; the figures are
-medians over the rest. llama-cpp-python is an optional extra: `pip install -e '.[peers]'` builds llama.cpp
+medians over the rest. The engines alternate prompt by prompt, so a shared machine's changing load falls on
+both. llama-cpp-python is an optional extra: `pip install -e '.[peers]'` builds llama.cpp
 from source (about 10 minutes).
 """
 import statistics
@@ -67,34 +68,39 @@ def generate(llm, prompt: list[int], max_tokens: int) -> tuple[list[int], float,
     return tokens, prefilled - start, time.perf_counter() - prefilled
 
 
-def run_llamacpp(gguf_path: Path, prompts: list[list[int]], output_len: int, threads: int) -> dict:
-    """Each prompt in turn through llama.cpp: tokens, and prompt and decode tokens/s per prompt."""
-    llm = load(gguf_path, max(len(p) for p in prompts) + output_len, threads)
-    runs = [generate(llm, prompt, output_len) for prompt in prompts]
-    llm.close()
-    return dict(token_ids=[r[0] for r in runs], prompt_tps=[len(p) / r[1] for p, r in zip(prompts, runs)],
-                decode_tps=[(output_len - 1) / r[2] for r in runs])
+def minillm_generate(llm: LLM, prompt: list[int], max_tokens: int) -> tuple[list[int], float, float]:
+    """minillm's greedy tokens for prompt, its prefill steps' seconds and its decode steps' seconds (from the
+    step breakdown: the same parts of the work as generate() times for llama.cpp)."""
+    with StepBreakdown(llm) as breakdown:
+        out = llm.generate([prompt], [SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)],
+                           use_tqdm=False)[0]
+    steps = breakdown.summary()
+    seconds = [steps[k]["mean_step_ms"] * steps[k]["num_steps"] / 1000 if k in steps else 0.0
+               for k in ("prefill", "decode")]
+    return out.token_ids, *seconds
 
 
-def run_minillm(llm: LLM, prompts: list[list[int]], output_len: int) -> dict:
-    """Each prompt in turn through the engine: tokens, and its prefill step's and decode steps' tokens/s."""
-    token_ids, prompt_tps, decode_tps = [], [], []
-    for prompt in prompts:
-        with StepBreakdown(llm) as breakdown:
-            out = llm.generate([prompt], [SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)],
-                               use_tqdm=False)[0]
-        summary = breakdown.summary()
-        token_ids.append(out.token_ids)
-        prompt_tps.append(len(prompt) / summary["prefill"]["mean_step_ms"] * 1000 / summary["prefill"]["num_steps"])
-        decode_tps.append(1000 / summary["decode"]["mean_step_ms"])
-    return dict(token_ids=token_ids, prompt_tps=prompt_tps, decode_tps=decode_tps)
+def run_both(path: Path, llm: LLM, gguf_path: Path, prompts: list[list[int]], output_len: int,
+             threads: int) -> dict:
+    """Each prompt through minillm, then through llama.cpp, then the next prompt: the two engines alternate,
+    so a machine whose load changes during the run disturbs both alike. Per engine: tokens, and prompt and
+    decode tokens/s per prompt."""
+    peer = load(gguf_path, max(len(p) for p in prompts) + output_len, threads)
+    runs = {"minillm": [], "llama_cpp": []}
+    try:
+        for prompt in prompts:
+            runs["minillm"].append(minillm_generate(llm, prompt, output_len))
+            runs["llama_cpp"].append(generate(peer, prompt, output_len))
+    finally:
+        peer.close()
+    return {name: dict(token_ids=[r[0] for r in rs], prompt_tps=[len(p) / r[1] for p, r in zip(prompts, rs)],
+                       decode_tps=[(output_len - 1) / r[2] if r[2] else 0.0 for r in rs]) for name, rs in runs.items()}
 
 
 def compare(path: Path, llm: LLM, prompts: list[list[int]], output_len: int, cache_dir: Path | None = None) -> dict:
     """llama.cpp against minillm at batch 1 on prompts (the first a warm-up): medians of prompt and decode
     tokens/s, how many greedy outputs agree, minillm's ratios; the GGUF is cached in cache_dir (default
-    results/gguf). {"llama_cpp": {"unavailable": why}} when
-    llama-cpp-python is not installed."""
+    results/gguf). {"llama_cpp": {"unavailable": why}} when llama-cpp-python is not installed."""
     if why := unavailable():
         print(f"llama.cpp peer skipped: {why}")
         return dict(llama_cpp=dict(unavailable=why))
@@ -102,8 +108,7 @@ def compare(path: Path, llm: LLM, prompts: list[list[int]], output_len: int, cac
 
     threads = torch.get_num_threads()
     gguf_path = export(path, cache_dir or CACHE_DIR)
-    runs = {"minillm": run_minillm(llm, prompts, output_len),
-            "llama_cpp": run_llamacpp(gguf_path, prompts, output_len, threads)}
+    runs = run_both(path, llm, gguf_path, prompts, output_len, threads)
     out = {}
     for name, run in runs.items():
         out[name] = dict(prompt_tokens_per_second=statistics.median(run["prompt_tps"][1:] or run["prompt_tps"]),

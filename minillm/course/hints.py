@@ -414,7 +414,8 @@ def hint(which: str, level: int = 1) -> str:
     e = exercises[id]
     lines = [f"Exercise {id}: {e.qualname} ({e.task})", ""]
     for n in range(1, level + 1):
-        lines += [textwrap.fill(f"Hint {n} of {len(LEVELS)} ({LEVELS[n - 1]}): {HINTS[id][n - 1]}", WIDTH), ""]
+        text = f"Hint {n} of {len(LEVELS)} ({LEVELS[n - 1]}): {HINTS[id][n - 1]}"
+        lines += [textwrap.fill(text, WIDTH, break_on_hyphens=False), ""]  # "all-reduce" stays one word
     if level < len(LEVELS):
         lines.append(f"More: python -m minillm.course hint {id} --level {level + 1}")
     else:

@@ -46,6 +46,9 @@ class StreamOutput:
 
 
 class LLMEngine:
+    workers = ()  # tensor-parallel worker processes (none for one process)
+    closed: str | None = None  # why the engine was closed, once it is
+    _stop_workers = None  # the finalizer that stops the workers
     def __init__(self, model=None, **kwargs):
         names = {f.name for f in fields(Config)}
         unknown = set(kwargs) - names
@@ -64,7 +67,6 @@ class LLMEngine:
             raise FileNotFoundError(f"{path} has no tokenizer.json: add the checkpoint's tokenizer files, or pass "
                                     "skip_tokenizer_init=True to run on token ids alone (outputs then have no text)")
         self.tokenizer = None if config.skip_tokenizer_init else Tokenizer(path)
-        self.workers, self.closed = [], None  # tensor-parallel worker processes; why the engine was closed
         group = None
         if config.tensor_parallel_size > 1:  # checked before any process starts
             check_tensor_parallel(model_config, config.tensor_parallel_size, config.device, config.enforce_eager)

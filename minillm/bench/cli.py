@@ -54,25 +54,17 @@ def length_range(text: str) -> tuple[int, int]:
     return int(lo), int(hi)
 
 
-def backend_list(text: str) -> list[str]:
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in BACKENDS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown backend(s) {', '.join(unknown) or repr(text)}; "
-                                         f"choose from {', '.join(BACKENDS)}")
-    return names
-
-
 def hf_batch_size(text: str) -> str | int:
     return text if text == "auto" else positive_int(text)
 
 
-def names_from(choices: list[str]):
+def names_from(choices, what: str = "name"):
+    """An argparse type: a comma-separated list of names, each one of `choices`."""
     def parse(text: str) -> list[str]:
         names = [name.strip() for name in text.split(",") if name.strip()]
         unknown = [name for name in names if name not in choices]
         if unknown or not names:
-            raise argparse.ArgumentTypeError(f"unknown name(s) {', '.join(unknown) or repr(text)}; "
+            raise argparse.ArgumentTypeError(f"unknown {what}(s) {', '.join(unknown) or repr(text)}; "
                                              f"choose from {', '.join(choices)}")
         return names
     return parse
@@ -92,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m minillm.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     n, lengths = dict(type=positive_int, metavar="N"), dict(type=length_range, metavar="MIN:MAX")
-    p.add_argument("--backends", type=backend_list, metavar="LIST", default=DEFAULT_BACKENDS,
+    p.add_argument("--backends", type=names_from(BACKENDS, "backend"), metavar="LIST", default=DEFAULT_BACKENDS,
                    help=f"comma-separated, from {', '.join(BACKENDS)} (default: all but the engine variants "
                         f"{', '.join(VARIANTS)}: compiled decode steps per bucket, compiled layers, all eager)")
     w = p.add_argument_group("workload (random token ids, ignore_eos: every request generates exactly its length)")

@@ -208,7 +208,7 @@ def test_random_model_sizes(tmp_path):
     (["--random-size", "1b"], "invalid choice: '1b'"),
     (["--serve-rates", "2,0"], "expected comma-separated request rates > 0 (or inf), got '2,0'"),
     (["--rungs", "naive,turbo"], "unknown name(s) turbo; choose from naive, kv-cache, static, continuous, "
-                                 "prefix-caching, compiled, triton"),
+                                 "prefix-caching, cpu-kernels, compiled, triton"),
     (["--sizes", "tiny,1b"], "unknown name(s) 1b"),
     (["--ladder", "--rungs", "static,triton"], "--rungs: triton runs on --device cuda only"),
     (["--ladder", "--roofline"], "not allowed with argument --ladder"),
@@ -279,12 +279,23 @@ def test_every_ladder_rung_generates_the_naive_loops_greedy_tokens(eos_checkpoin
     workload, warmup = Workload([[5, 6, 7], [9, 8, 7, 6, 5, 4], [3] * 10], [6, 1, 11]), Workload([[1, 2]], [2])
     args = SimpleNamespace(rungs=ladder.rungs_for("cpu"), ladder_slow_prompts=3, static_batch_size=None)
     rungs = ladder.run(eos_checkpoint, {}, workload, warmup, args)["ladder"]["rungs"]
-    assert list(rungs) == ["naive", "kv-cache", "static", "continuous", "prefix-caching", "compiled"]
+    assert list(rungs) == ["naive", "kv-cache", "static", "continuous", "prefix-caching", "cpu-kernels", "compiled"]
+    assert [r.get("attention_backend") for r in rungs.values()][3:] == ["torch", "torch", "cpu", "cpu"]
     for name, r in rungs.items():
         assert r["same_tokens_as_first"] == 1.0, name  # the first rung is the naive loop, on every request
         assert r["num_requests"] == 3 and r["num_output_tokens"] == 18
     assert rungs["naive"]["speedup_over_first"] == rungs["naive"]["speedup_over_previous"] == 1.0
     assert rungs["continuous"]["graph_mode"].startswith("eager") and not rungs["compiled"]["graph_mode"].startswith("eager")
+
+
+def test_each_ladder_rung_turns_on_one_more_technique():
+    assert ladder.rung_options("continuous", "cpu") == ladder.NOTHING
+    assert ladder.rung_options("prefix-caching", "cpu") == ladder.NOTHING | dict(enable_prefix_caching=True)
+    cpu, cuda = ladder.rung_options("compiled", "cpu"), ladder.rung_options("compiled", "cuda")
+    assert cpu == cuda | dict(attention_backend="cpu") and cuda["attention_backend"] == "torch"  # kernels: CPU only
+    assert cpu["compile_layers"] is None and ladder.rung_options("triton", "cuda")["attention_backend"] == "triton"
+    with pytest.raises(ValueError, match="does not run on cpu"):
+        ladder.rung_options("triton", "cpu")
 
 
 def test_ladder_record_runs_the_slow_rungs_on_the_first_requests(tmp_path):

@@ -94,7 +94,8 @@ def run_minillm(models: Models, workload: Workload, warmup: Workload, args, llm:
             elapsed = time.perf_counter() - start
     return Run(elapsed, [out.token_ids for out in outputs],
                [(out.arrival_time, out.first_token_time, out.finish_time) for out in outputs],
-               {"breakdown": breakdown.summary(), "graph_mode": llm.model_runner.graph_mode})
+               {"breakdown": breakdown.summary(), "graph_mode": llm.model_runner.graph_mode,
+                "attention_backend": llm.model_runner.attn_backend.name})
 
 
 def run_compiled(models: Models, workload: Workload, warmup: Workload, args) -> Run:

@@ -2,8 +2,9 @@
 
 Each rung is a named configuration of the real package, and adds one technique to the rung below it:
 recomputing everything per token (chapter 03) → a contiguous KV cache (04) → static batches on the paged
-cache (05) → continuous batching (06) → prefix caching (05/06) → decode steps compiled per batch-size bucket,
-CUDA graphs on a GPU (07/08) → Triton attention kernels (09, CUDA only). The two one-request-at-a-time rungs
+cache (05) → continuous batching (06) → prefix caching (05/06) → the C++ CPU kernels (decode attention read
+through the block tables, small-batch matmuls; CPU only) → decode steps compiled per batch-size bucket, CUDA
+graphs on a GPU (07/08) → Triton attention kernels (09, CUDA only). The two one-request-at-a-time rungs
 are far slower, so they run only the first --ladder-slow-prompts requests; every rung reports output tokens/s,
 which stays comparable across slices of the same workload. All rungs are greedy: each must generate the
 naive loop's tokens, and the record says whether it did.
@@ -41,30 +42,38 @@ class Rung:
     name: str
     label: str  # what this rung adds to the one below
     run: Callable  # a backend: (models, workload, warmup, args) -> Run
-    options: dict = field(default_factory=dict)  # engine options over NOTHING_COMPILED
+    adds: dict = field(default_factory=dict)  # engine options it turns on, kept by every rung above it
     slow: bool = False  # runs the first --ladder-slow-prompts requests only
-    cuda_only: bool = False
+    device: str | None = None  # "cpu" or "cuda": runs only there
 
 
-# the engine with every later technique off, so that each rung turns on exactly one
-NOTHING_COMPILED = dict(enforce_eager=True, compile_layers=False, attention_backend="torch")
+# the engine with every technique of the ladder off; each rung turns on one more
+NOTHING = dict(enforce_eager=True, compile_layers=False, attention_backend="torch", enable_prefix_caching=False)
 RUNGS = [
-    Rung("naive", "recompute all tokens, 1 request at a time", one_at_a_time(generate_naive, "naive"),
-         dict(enable_prefix_caching=False), slow=True),
-    Rung("kv-cache", "+ contiguous KV cache", one_at_a_time(generate_cached, "kv-cache"),
-         dict(enable_prefix_caching=False), slow=True),
-    Rung("static", "+ static batches, paged cache", run_static, dict(enable_prefix_caching=False)),
-    Rung("continuous", "+ continuous batching", run_minillm, dict(enable_prefix_caching=False)),
-    Rung("prefix-caching", "+ prefix caching", run_minillm),
+    Rung("naive", "recompute all tokens, 1 request at a time", one_at_a_time(generate_naive, "naive"), slow=True),
+    Rung("kv-cache", "+ contiguous KV cache", one_at_a_time(generate_cached, "kv-cache"), slow=True),
+    Rung("static", "+ static batches, paged cache", run_static),
+    Rung("continuous", "+ continuous batching", run_minillm),
+    Rung("prefix-caching", "+ prefix caching", run_minillm, dict(enable_prefix_caching=True)),
+    Rung("cpu-kernels", "+ C++ CPU kernels", run_minillm, dict(attention_backend="cpu"), device="cpu"),
     Rung("compiled", "+ compiled decode steps / CUDA graphs", run_compiled, dict(compile_layers=None)),
-    Rung("triton", "+ Triton attention kernels", run_compiled, dict(compile_layers=None, attention_backend="triton"),
-         cuda_only=True),
+    Rung("triton", "+ Triton attention kernels", run_compiled, dict(attention_backend="triton"), device="cuda"),
 ]
 
 
 def rungs_for(device: str) -> list[str]:
     """The rungs that run on this device, in order."""
-    return [r.name for r in RUNGS if not r.cuda_only or torch.device(device).type == "cuda"]
+    return [r.name for r in RUNGS if r.device in (None, torch.device(device).type)]
+
+
+def rung_options(name: str, device: str) -> dict:
+    """The engine options of a rung: NOTHING, with what it and every rung below it on this device turn on."""
+    options = dict(NOTHING)
+    for rung in (r for r in RUNGS if r.name in rungs_for(device)):
+        options |= rung.adds
+        if rung.name == name:
+            return options
+    raise ValueError(f"rung {name!r} does not run on {device}")
 
 
 def run(path, engine_options: dict, workload: Workload, warmup: Workload, args) -> dict:
@@ -73,9 +82,10 @@ def run(path, engine_options: dict, workload: Workload, warmup: Workload, args) 
     first rung's on the requests both ran."""
     head = Workload(workload.prompts[:args.ladder_slow_prompts], workload.output_lens[:args.ladder_slow_prompts])
     rungs, first = {}, None
+    device = engine_options.get("device", "cpu")
     for rung in (r for r in RUNGS if r.name in args.rungs):
         part = head if rung.slow else workload
-        result = rung.run(Models(path, engine_options | NOTHING_COMPILED | rung.options), part, warmup, args)
+        result = rung.run(Models(path, engine_options | rung_options(rung.name, device)), part, warmup, args)
         first = first or result
         same = sum(a == b for a, b in zip(result.token_ids, first.token_ids))  # zip: the shorter run's requests
         rungs[rung.name] = dict(label=rung.label, first_requests_only=rung.slow, **throughput(part, result.elapsed),
@@ -86,4 +96,4 @@ def run(path, engine_options: dict, workload: Workload, warmup: Workload, args) 
     speeds = [r["output_tokens_per_second"] for r in rungs.values()]
     for r, speed, before in zip(rungs.values(), speeds, speeds[:1] + speeds):
         r["speedup_over_previous"], r["speedup_over_first"] = speed / before, speed / speeds[0]
-    return dict(ladder=dict(rungs=rungs, slow_prompts=len(head), engine_base_options=NOTHING_COMPILED))
+    return dict(ladder=dict(rungs=rungs, slow_prompts=len(head), engine_base_options=NOTHING))

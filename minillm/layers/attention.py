@@ -7,7 +7,7 @@ from torch import nn
 
 from minillm.layers.paged_attention import (gather_context, paged_decode_attention, prefill_attention, store_decode_kvcache,
                                             store_kvcache)
-from minillm.layers.paged_attention_cpu import cpu_decode_kernel
+from minillm.layers.cpu_kernels import cpu_kernels, linear_cpu, paged_decode_attention_cpu
 from minillm.utils.context import Context, get_context
 
 
@@ -55,6 +55,7 @@ class TorchAttentionBackend:
 
     name = "torch"
     decode_rows = 16
+    linear = None  # the linear layers' matmul: None is F.linear (see CPUAttentionBackend)
 
     def store_kvcache(self, k, v, k_cache, v_cache, ctx: Context) -> None:
         if ctx.is_prefill:  # slot -1: a token whose key is in a cached prefix block already, skipped
@@ -81,17 +82,21 @@ class TorchAttentionBackend:
 
 
 class CPUAttentionBackend(TorchAttentionBackend):
-    """The torch backend, except that float32 decode attention on a CPU takes a small C++ kernel
-    (minillm.layers.paged_attention_cpu, compiled on first use) that reads each sequence's keys and values in
-    place through its block table, as vLLM's CPU backend does, instead of copying them out first (2-9x faster
-    than the chunked torch path, about 1.2x on a whole decode step at batch 64). Where the kernel cannot be
-    built it is the torch backend."""
+    """The torch backend, plus minillm's C++ kernels for a CPU (minillm.layers.cpu_kernels, compiled on first
+    use), as vLLM's CPU backend has its own: float32 decode attention that reads each sequence's keys and values
+    in place through its block table instead of copying them out first (2-9x faster than the chunked torch
+    path), and the linear layers' matmuls for a few rows, which BLAS runs at a fraction of the memory bandwidth
+    (batch-1 decode of a 100M model: about 2x). Where the kernels cannot be built it is the torch backend."""
 
     name = "cpu"
 
+    def __init__(self):
+        self.built = cpu_kernels()
+        self.linear = linear_cpu if self.built else None
+
     def decode(self, q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
-        if q.is_cpu and q.dtype == torch.float32 and (kernel := cpu_decode_kernel()) is not None:
-            return kernel(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale)
+        if q.is_cpu and q.dtype == torch.float32 and self.built:
+            return paged_decode_attention_cpu(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale)
         return super().decode(q, k_cache, v_cache, ctx, scale)
 
 

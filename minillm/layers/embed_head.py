@@ -98,10 +98,13 @@ class VocabParallelEmbedding(nn.Module):
 
 class ParallelLMHead(VocabParallelEmbedding):
     """The output projection; with tied embeddings it shares the embedding table's weight. Each rank scores its
-    slice of the vocabulary; rank 0 gathers the full logits (the other ranks return None)."""
+    slice of the vocabulary; rank 0 gathers the full logits (the other ranks return None). `kernel`, as a linear
+    layer's, replaces the plain product when the model runner sets one."""
+
+    kernel = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        logits = lm_logits(hidden, self.weight)
+        logits = lm_logits(hidden, self.weight) if self.kernel is None else self.kernel(hidden, self.weight)
         if self.tp_size == 1:
             return logits
         parts = self.tp_group.gather(logits.contiguous())

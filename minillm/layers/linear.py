@@ -87,7 +87,11 @@ def copy_checked(dst: torch.Tensor, src: torch.Tensor, what: str, dim: int | Non
 
 class LinearBase(nn.Module):
     """y = x @ W.T (+ b), with a weight_loader on each parameter. `tp_dim` is the dimension of W that the
-    tensor-parallel ranks split (0: output features, 1: input features, None: every rank holds all of W)."""
+    tensor-parallel ranks split (0: output features, 1: input features, None: every rank holds all of W).
+    `kernel`, set by the model runner from its attention backend, replaces F.linear (the CPU backend's C++
+    matmul for few rows); None keeps F.linear."""
+
+    kernel = None
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False, tp_dim: int | None = None):
         super().__init__()
@@ -106,7 +110,7 @@ class LinearBase(nn.Module):
         copy_checked(param.data, loaded_weight, "weight", dim, self.tp_rank, self.tp_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return (self.kernel or F.linear)(x, self.weight, self.bias)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -124,6 +128,8 @@ class RowParallelLinear(LinearBase):
         super().__init__(divide(input_size, get_tp_size(), "input features"), output_size, bias, tp_dim=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:  # nothing split, nothing to reduce
+            return super().forward(x)
         return row_parallel_linear(x, self.weight, self.bias, self.tp_rank, self.tp_group)
 
 

@@ -1,16 +1,17 @@
-"""The CPU paged decode-attention kernel (minillm.layers.paged_attention_cpu) against the torch reference, on
-random scattered caches; the engine on it against the naive loop; the torch path when it cannot be built."""
+"""The CPU kernels (minillm.layers.cpu_kernels): paged decode attention against the torch reference on random
+scattered caches, the few-row matmul against F.linear; the engine on them against the naive loop; the torch
+path when they cannot be built."""
 import pytest
 import torch
 
 from minillm.layers import attention
 from minillm.layers.attention import CPUAttentionBackend, select_attention_backend
+from minillm.layers.cpu_kernels import LINEAR_MAX_ROWS, cpu_kernels, linear_cpu, paged_decode_attention_cpu
 from minillm.layers.paged_attention import paged_decode_attention
-from minillm.layers.paged_attention_cpu import cpu_decode_kernel, paged_decode_attention_cpu
 from minillm.utils.context import Context
 
-if cpu_decode_kernel() is None:
-    pytest.skip("the CPU attention kernel could not be built here (see the warning)", allow_module_level=True)
+if not cpu_kernels():
+    pytest.skip("the CPU kernels could not be built here (see the warning)", allow_module_level=True)
 
 
 def random_batch(lens, block_size, heads, kv_heads, head_dim, seed=0):
@@ -28,9 +29,9 @@ def random_batch(lens, block_size, heads, kv_heads, head_dim, seed=0):
     return q, k_cache, v_cache, tables[:, :max(widths)], torch.tensor(lens)
 
 
-def counting(calls: list):
-    """A stand-in for cpu_decode_kernel() whose kernel notes each call."""
-    return lambda: lambda *args: calls.append(1) or paged_decode_attention_cpu(*args)
+def counting(calls: list, kernel):
+    """`kernel`, noting each call in `calls`."""
+    return lambda *args: calls.append(1) or kernel(*args)
 
 
 LENS = {8: [1, 8, 9, 1030, 23], 16: [1, 16, 17, 1100, 40], 32: [1, 32, 33, 1031, 70]}  # 1, a block, past it, long
@@ -79,19 +80,21 @@ def test_backend_takes_the_kernel_and_its_torch_path_without_it(monkeypatch):
     ctx = Context(block_tables=tables, context_lens=lens, context_lens_cpu=lens.tolist())
     expected = paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.25)
     calls = []
-    monkeypatch.setattr(attention, "cpu_decode_kernel", counting(calls))
+    monkeypatch.setattr(attention, "paged_decode_attention_cpu", counting(calls, paged_decode_attention_cpu))
     assert (CPUAttentionBackend().decode(q, k_cache, v_cache, ctx, 0.25) - expected).abs().max() < 1e-5 and calls
-    monkeypatch.setattr(attention, "cpu_decode_kernel", lambda: None)  # not built: chunks of decode_rows in torch
-    torch.testing.assert_close(CPUAttentionBackend().decode(q, k_cache, v_cache, ctx, 0.25), expected)
+    monkeypatch.setattr(attention, "cpu_kernels", lambda: False)  # not built: chunks of decode_rows in torch
+    backend, calls[:] = CPUAttentionBackend(), []
+    torch.testing.assert_close(backend.decode(q, k_cache, v_cache, ctx, 0.25), expected)
+    assert backend.linear is None and not calls
 
 
-def test_a_failed_build_warns_once_and_returns_none(monkeypatch):
+def test_a_failed_build_warns_once_and_returns_false(monkeypatch):
     def no_ninja(*args, **kwargs):
         raise RuntimeError("Ninja is required to load C++ extensions (pip install ninja to get it)")
 
     monkeypatch.setattr("torch.utils.cpp_extension.load", no_ninja)
     with pytest.warns(RuntimeWarning, match="could not be built.*Ninja is required.*torch path"):
-        assert cpu_decode_kernel.__wrapped__() is None
+        assert cpu_kernels.__wrapped__() is False
 
 
 def test_default_model_on_the_kernel_equals_naive(monkeypatch):
@@ -101,8 +104,9 @@ def test_default_model_on_the_kernel_equals_naive(monkeypatch):
     from minillm.naive import generate_naive
     from minillm.tokenizer import Tokenizer
 
-    calls = []
-    monkeypatch.setattr(attention, "cpu_decode_kernel", counting(calls))
+    calls, matmuls = [], []
+    monkeypatch.setattr(attention, "paged_decode_attention_cpu", counting(calls, paged_decode_attention_cpu))
+    monkeypatch.setattr(attention, "linear_cpu", counting(matmuls, linear_cpu))
     path = default_model_path()
     tok, model = Tokenizer(path), build_model(path)
     prompts = [tok.encode(o) for o in heldout_openings(5)]
@@ -110,4 +114,24 @@ def test_default_model_on_the_kernel_equals_naive(monkeypatch):
     llm = LLM(kvcache_block_size=8)  # short blocks: contexts span several, scattered by the prefix cache's reuse
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=48), use_tqdm=False)
     assert [o.token_ids for o in outputs] == expected
-    assert calls
+    assert calls and matmuls
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, LINEAR_MAX_ROWS, LINEAR_MAX_ROWS + 1])
+@pytest.mark.parametrize("in_features,out_features", [(768, 2048), (20, 67), (256, 1), (8, 130)],
+                         ids=["wide", "partial-vector", "one-output", "short"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_linear_equals_f_linear(rows, in_features, out_features, bias):
+    """Every group size of rows (1-4, and groups of 4 with a remainder), input widths that are and are not a
+    multiple of the vector width, output sizes that are not multiples of the register tile, and past the row
+    limit (F.linear)."""
+    g = torch.Generator().manual_seed(rows * in_features + out_features)
+    x, w = torch.randn(rows, in_features, generator=g), torch.randn(out_features, in_features, generator=g)
+    b = torch.randn(out_features, generator=g) if bias else None
+    torch.testing.assert_close(linear_cpu(x, w, b), torch.nn.functional.linear(x, w, b), rtol=1e-4, atol=1e-4)
+
+
+def test_linear_keeps_leading_dimensions_and_takes_strided_rows():
+    x, w = torch.randn(2, 3, 40)[:, :, :32], torch.randn(24, 32)
+    torch.testing.assert_close(linear_cpu(x, w), x @ w.T, rtol=1e-4, atol=1e-4)
+    assert linear_cpu(x[0, 0], w).shape == (24,)

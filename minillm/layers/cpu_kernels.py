@@ -1,0 +1,66 @@
+"""minillm's C++ kernels for the CPU (minillm/kernels/csrc), in the spirit of vLLM's CPU backend:
+
+- paged decode attention that reads the KV cache in place (paged_attention_cpu.cpp). The torch path
+  (`paged_decode_attention`) first copies every sequence's blocks into a padded tensor, then runs SDPA over it:
+  each key is moved twice, and the padding is computed and masked. The kernel instead walks each sequence's
+  block table, one task per (sequence, KV head) on all cores, with an online softmax over the blocks.
+- the matmul of a linear layer for few rows (linear_cpu.cpp): a decode step's matmuls at small batch are
+  matrix-vector products bound by memory bandwidth, where BLAS reads the weights at a fraction of it.
+
+They are compiled together on first use by torch.utils.cpp_extension (a C++ compiler and ninja; -march=native,
+so built for this machine), once: the build is cached in torch's extensions directory. Where they cannot be
+built, `cpu_kernels` says why in one warning and returns False, and callers keep the torch path.
+"""
+import functools
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+SOURCES = [Path(__file__).parents[1] / "kernels" / "csrc" / name for name in ("paged_attention_cpu.cpp", "linear_cpu.cpp")]
+LINEAR_MAX_ROWS = 16  # more rows than this: F.linear (BLAS's blocked matmul wins once the weight is reused enough)
+
+
+@functools.cache
+def cpu_kernels() -> bool:
+    """Build and load the extension once; True when its ops (torch.ops.minillm_cpu.*) are ready, False (with one
+    warning) if it cannot be built. The ops are registered as custom ops, so torch.compile keeps them opaque."""
+    try:
+        from torch.utils.cpp_extension import load
+        if shutil.which("ninja") is None:  # the ninja wheel's binary, when the environment's bin is not on PATH
+            import ninja
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+        isa = torch.backends.cpu.get_cpu_capability()  # at::vec's instruction set, as torch's own kernels pick it
+        flags = ["-O3", "-march=native", "-fopenmp", f"-DCPU_CAPABILITY={isa}", f"-DCPU_CAPABILITY_{isa}"]
+        load("minillm_cpu", [str(s) for s in SOURCES], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+             is_python_module=False)
+    except Exception as e:  # no compiler, no ninja, a failed build: the engine runs on without the kernels
+        lines = str(e).splitlines() or [repr(e)]  # a failed build: its first line is the command, then the errors
+        reason = next((line for line in lines[1:] if "error" in line), lines[0])[:300]
+        warnings.warn(f"minillm: the CPU kernels could not be built ({type(e).__name__}: {reason}); decode "
+                      "attention and small matmuls take the slower torch path", RuntimeWarning, stacklevel=2)
+        return False
+    torch.library.register_fake("minillm_cpu::paged_decode_attention")(lambda q, *args: torch.empty_like(q))
+    torch.library.register_fake("minillm_cpu::linear")(lambda x, w, b: x.new_empty(x.shape[0], w.shape[0]))
+    return True
+
+
+def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """minillm.layers.paged_attention.paged_decode_attention for float32 CPU tensors, read in place: same
+    arguments, same result (to float rounding). Every context_lens[i] must be ≥ 1; table entries past a
+    sequence's context (the -1 padding) are never read. Call `cpu_kernels()` first, which builds it."""
+    return torch.ops.minillm_cpu.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+def linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias): the C++ kernel for float32 CPU tensors when x has at most LINEAR_MAX_ROWS rows
+    (x's leading dimensions flattened), F.linear otherwise. Call `cpu_kernels()` first, which builds it."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.shape[0] > LINEAR_MAX_ROWS or x.dtype != torch.float32 or not x.is_cpu:
+        return F.linear(x, weight, bias)
+    y = torch.ops.minillm_cpu.linear(rows.contiguous(), weight.contiguous(), bias)
+    return y.view(*x.shape[:-1], weight.shape[0])

@@ -6,7 +6,7 @@ import torch
 
 from minillm.layers import attention
 from minillm.layers.attention import CPUAttentionBackend, select_attention_backend
-from minillm.layers.cpu_kernels import LINEAR_MAX_ROWS, cpu_kernels, linear_cpu, paged_decode_attention_cpu
+from minillm.layers.cpu_kernels import LINEAR_MAX_ROWS, LINEAR_MAX_ROWS_LARGE, cpu_kernels, linear_cpu, paged_decode_attention_cpu
 from minillm.layers.paged_attention import paged_decode_attention
 from minillm.utils.context import Context
 
@@ -117,14 +117,14 @@ def test_default_model_on_the_kernel_equals_naive(monkeypatch):
     assert calls and matmuls
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, LINEAR_MAX_ROWS, LINEAR_MAX_ROWS + 1])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, LINEAR_MAX_ROWS, LINEAR_MAX_ROWS + 1, LINEAR_MAX_ROWS_LARGE + 1])
 @pytest.mark.parametrize("in_features,out_features", [(768, 2048), (20, 67), (256, 1), (8, 130)],
-                         ids=["wide", "partial-vector", "one-output", "short"])
+                         ids=["large", "partial-vector", "one-output", "short"])
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 def test_linear_equals_f_linear(rows, in_features, out_features, bias):
     """Every group size of rows (1-4, and groups of 4 with a remainder), input widths that are and are not a
-    multiple of the vector width, output sizes that are not multiples of the register tile, and past the row
-    limit (F.linear)."""
+    multiple of the vector width, output sizes that are not multiples of the register tile, past the row limit
+    of small weights, and past every limit (F.linear)."""
     g = torch.Generator().manual_seed(rows * in_features + out_features)
     x, w = torch.randn(rows, in_features, generator=g), torch.randn(out_features, in_features, generator=g)
     b = torch.randn(out_features, generator=g) if bias else None

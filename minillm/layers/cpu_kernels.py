@@ -21,7 +21,10 @@ import torch
 import torch.nn.functional as F
 
 SOURCES = [Path(__file__).parents[1] / "kernels" / "csrc" / name for name in ("paged_attention_cpu.cpp", "linear_cpu.cpp")]
-LINEAR_MAX_ROWS = 16  # more rows than this: F.linear (BLAS's blocked matmul wins once the weight is reused enough)
+# Up to how many rows the matmul kernel beats F.linear (MKL), measured on this 2-core AVX2 machine: always up to
+# 32; up to 64 for weights of 1M+ entries (4 MiB), which BLAS repacks on each call from memory. Past that, BLAS's
+# blocked matmul wins: it reuses each loaded weight for more rows than a register tile can.
+LINEAR_MAX_ROWS, LINEAR_MAX_ROWS_LARGE, LARGE_WEIGHT = 32, 64, 2**20
 
 
 @functools.cache
@@ -57,10 +60,11 @@ def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 
 
 def linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias): the C++ kernel for float32 CPU tensors when x has at most LINEAR_MAX_ROWS rows
-    (x's leading dimensions flattened), F.linear otherwise. Call `cpu_kernels()` first, which builds it."""
+    """F.linear(x, weight, bias): the C++ kernel for float32 CPU tensors where it is the faster (few rows of x,
+    its leading dimensions flattened: see LINEAR_MAX_ROWS), F.linear otherwise. Call `cpu_kernels()` first."""
     rows = x.reshape(-1, x.shape[-1])
-    if rows.shape[0] > LINEAR_MAX_ROWS or x.dtype != torch.float32 or not x.is_cpu:
+    limit = LINEAR_MAX_ROWS_LARGE if weight.numel() >= LARGE_WEIGHT else LINEAR_MAX_ROWS
+    if rows.shape[0] > limit or x.dtype != torch.float32 or not x.is_cpu:
         return F.linear(x, weight, bias)
     y = torch.ops.minillm_cpu.linear(rows.contiguous(), weight.contiguous(), bias)
     return y.view(*x.shape[:-1], weight.shape[0])

@@ -10,6 +10,7 @@ An exercise is a region of minillm's own source fenced by marker comments:
 replaced by `raise NotImplementedError`) and solutions/exNN_<topic>.py (the bodies kept). From a notebook:
 
     show(obj)                        the real source of a function, class or module (exercise bodies hidden)
+    show_cpp("linear_cpu.cpp", "linear")   a function of the C++ kernels (minillm/kernels/csrc)
     use_impl("exercises", "03.1")    run minillm with your code for exercise 03.1 in place of the reference
     load_impl("exercises", "03")     your exercises/ex03_transformer.py, freshly loaded
     check_environment()              chapter 00: versions, device and the default model
@@ -62,8 +63,8 @@ from minillm.course.env_check import check_environment  # noqa: E402
 from minillm.course.figures import engine_map  # noqa: E402
 from minillm.course.hints import Hints  # noqa: E402
 from minillm.course.impl import load_impl, use_impl  # noqa: E402
-from minillm.course.show import show  # noqa: E402
+from minillm.course.show import show, show_cpp  # noqa: E402
 from minillm.course.widgets import interact  # noqa: E402
 
 __all__ = ["CHAPTERS", "CourseNotFound", "Hints", "check_environment", "course_root", "engine_map",
-           "exercise_file", "interact", "load_impl", "notebook_file", "show", "use_impl"]
+           "exercise_file", "interact", "load_impl", "notebook_file", "show", "show_cpp", "use_impl"]

@@ -3,6 +3,7 @@
     show(rms_norm)                  the function as minillm has it now, syntax highlighted
     show(RMSNorm.forward)           a method; show(minillm.layers.rms_norm) a whole module
     show(rms_norm, solution=True)   exercise bodies revealed (by default they are replaced by their stubs)
+    show_cpp("linear_cpu.cpp", "dot_rows")   a function of the C++ kernels in minillm/kernels/csrc
 """
 import html
 import inspect
@@ -16,8 +17,8 @@ from minillm.course.root import PACKAGE, CourseNotFound, course_root
 class Source:
     """Code with a title; Jupyter renders it highlighted (_repr_html_), a terminal prints it as text."""
 
-    def __init__(self, code: str, title: str):
-        self.code, self.title = code, title
+    def __init__(self, code: str, title: str, language: str = "python"):
+        self.code, self.title, self.language = code, title, language
 
     def __repr__(self) -> str:
         return f"# {self.title}\n{self.code}"
@@ -25,9 +26,9 @@ class Source:
     def _repr_html_(self) -> str:
         from pygments import highlight
         from pygments.formatters import HtmlFormatter
-        from pygments.lexers import PythonLexer
+        from pygments.lexers import get_lexer_by_name
 
-        code = highlight(self.code, PythonLexer(), HtmlFormatter(noclasses=True))
+        code = highlight(self.code, get_lexer_by_name(self.language), HtmlFormatter(noclasses=True))
         return f"<div><code style='font-size: 85%'>{html.escape(self.title)}</code>{code}</div>"
 
 
@@ -45,6 +46,20 @@ def show(obj, solution: bool = False) -> Source:
             if start <= e.begin and e.end <= end:
                 lines[e.begin - start + 1:e.end - start] = [s + "\n" for s in e.stub()]
     return Source(textwrap.dedent("".join(lines)).rstrip("\n"), f"{_where(path)}, lines {start}–{end}")
+
+
+def show_cpp(file: str, name: str) -> Source:
+    """A function of minillm's C++ kernels (a file of minillm/kernels/csrc): the comment lines and template line
+    above its definition, which starts at column 0 and names `name(`, down to its closing brace at column 0."""
+    path = PACKAGE / "kernels" / "csrc" / file
+    lines = path.read_text().splitlines()
+    start = next((i for i, line in enumerate(lines) if line[:1].strip() and f" {name}(" in line), None)
+    if start is None:
+        raise ValueError(f"no function {name!r} is defined in {_where(path)}")
+    end = lines.index("}", start)
+    while start > 0 and lines[start - 1].startswith(("//", "template")):
+        start -= 1
+    return Source("\n".join(lines[start:end + 1]), f"{_where(path)}, lines {start + 1}–{end + 1}", "cpp")
 
 
 def _where(path: Path) -> str:

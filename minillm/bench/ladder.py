@@ -68,12 +68,13 @@ def rungs_for(device: str) -> list[str]:
 
 def rung_options(name: str, device: str) -> dict:
     """The engine options of a rung: NOTHING, with what it and every rung below it on this device turn on."""
+    names = rungs_for(device)
+    if name not in names:
+        raise ValueError(f"rung {name!r} does not run on {device}")
     options = dict(NOTHING)
-    for rung in (r for r in RUNGS if r.name in rungs_for(device)):
+    for rung in (r for r in RUNGS if r.name in names[:names.index(name) + 1]):
         options |= rung.adds
-        if rung.name == name:
-            return options
-    raise ValueError(f"rung {name!r} does not run on {device}")
+    return options
 
 
 def run(path, engine_options: dict, workload: Workload, warmup: Workload, args) -> dict:

@@ -1,13 +1,14 @@
 """The CPU kernels (minillm.layers.cpu_kernels): paged decode attention against the torch reference on random
-scattered caches, the few-row matmul against F.linear; the engine on them against the naive loop; the torch
+scattered caches, the KV store against the torch store, the few-row matmul against F.linear; the engine on them against the naive loop; the torch
 path when they cannot be built."""
 import pytest
 import torch
 
 from minillm.layers import attention
 from minillm.layers.attention import CPUAttentionBackend, select_attention_backend
-from minillm.layers.cpu_kernels import LINEAR_MAX_ROWS, LINEAR_MAX_ROWS_LARGE, cpu_kernels, linear_cpu, paged_decode_attention_cpu
-from minillm.layers.paged_attention import paged_decode_attention
+from minillm.layers.cpu_kernels import (LINEAR_MAX_ROWS, LINEAR_MAX_ROWS_LARGE, cpu_kernels, linear_cpu,
+                                        paged_decode_attention_cpu, store_kvcache_cpu)
+from minillm.layers.paged_attention import paged_decode_attention, store_decode_kvcache, store_kvcache
 from minillm.utils.context import Context
 
 if not cpu_kernels():
@@ -75,6 +76,30 @@ def test_an_opaque_op_under_torch_compile():
                                paged_decode_attention_cpu(q, k_cache, v_cache, tables, lens, 0.3))
 
 
+@pytest.mark.parametrize("kv_heads,head_dim", [(4, 64), (1, 20)])
+@pytest.mark.parametrize("is_prefill", [True, False], ids=["prefill", "decode"])
+def test_store_kvcache_equals_the_torch_stores(kv_heads, head_dim, is_prefill):
+    """A prefill's slot -1 (a cached key) writes nothing; a decode step's (a padded row) the spare last slot."""
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(9, 3 * kv_heads, head_dim, generator=g)  # k and v as the model has them: views of one qkv
+    k, v = qkv[:, kv_heads:2 * kv_heads], qkv[:, 2 * kv_heads:]
+    k_cache, v_cache = (torch.randn(6, 4, kv_heads, head_dim, generator=g) for _ in range(2))
+    slots = torch.tensor([0, 22, 5, -1, 6, 7, 12, 1, 9]) if is_prefill else torch.tensor([0, 22, 5, -1])
+    k, v = k[:len(slots)], v[:len(slots)]
+    expected_k, expected_v, last = k_cache.clone(), v_cache.clone(), k_cache[-1, -1].clone()
+    (store_kvcache if is_prefill else store_decode_kvcache)(k, v, expected_k, expected_v, slots)
+    store_kvcache_cpu(k, v, k_cache, v_cache, slots, is_prefill)
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+    assert torch.equal(k_cache[-1, -1], last if is_prefill else k[3])  # the cache's last slot: row 3's slot -1
+
+
+def test_store_kvcache_names_a_slot_outside_the_cache():
+    k_cache = v_cache = torch.zeros(2, 4, 1, 8)
+    with pytest.raises(RuntimeError, match="slot 8 of token 1 is outside the cache's 8 slots"):
+        store_kvcache_cpu(torch.ones(2, 1, 8), torch.ones(2, 1, 8), k_cache, v_cache, torch.tensor([0, 8]))
+    assert not k_cache.any()  # checked before anything is written
+
+
 def test_backend_takes_the_kernel_and_its_torch_path_without_it(monkeypatch):
     q, k_cache, v_cache, tables, lens = random_batch(list(range(1, 120, 3)), 16, 8, 2, 32)
     ctx = Context(block_tables=tables, context_lens=lens, context_lens_cpu=lens.tolist())
@@ -104,9 +129,10 @@ def test_default_model_on_the_kernel_equals_naive(monkeypatch):
     from minillm.naive import generate_naive
     from minillm.tokenizer import Tokenizer
 
-    calls, matmuls = [], []
+    calls, matmuls, stores = [], [], []
     monkeypatch.setattr(attention, "paged_decode_attention_cpu", counting(calls, paged_decode_attention_cpu))
     monkeypatch.setattr(attention, "linear_cpu", counting(matmuls, linear_cpu))
+    monkeypatch.setattr(attention, "store_kvcache_cpu", counting(stores, store_kvcache_cpu))
     path = default_model_path()
     tok, model = Tokenizer(path), build_model(path)
     prompts = [tok.encode(o) for o in heldout_openings(5)]
@@ -114,7 +140,7 @@ def test_default_model_on_the_kernel_equals_naive(monkeypatch):
     llm = LLM(kvcache_block_size=8)  # short blocks: contexts span several, scattered by the prefix cache's reuse
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=48), use_tqdm=False)
     assert [o.token_ids for o in outputs] == expected
-    assert calls and matmuls
+    assert calls and matmuls and stores
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, LINEAR_MAX_ROWS, LINEAR_MAX_ROWS + 1, LINEAR_MAX_ROWS_LARGE + 1])

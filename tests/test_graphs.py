@@ -9,6 +9,7 @@ from checkpoints import make_checkpoint
 
 from minillm import LLM, SamplingParams, default_model_path
 from minillm.engine.graphs import PAD_SLOT_ID, decode_buckets, pick_bucket
+from minillm.layers.cpu_kernels import cpu_kernels
 from minillm.layers.paged_attention import paged_decode_attention, store_decode_kvcache, store_kvcache
 from minillm.models import build_model
 from minillm.naive import generate_naive
@@ -32,10 +33,13 @@ def test_eager_by_default_on_cpu_and_the_engine_says_why():
             == "eager (enforce_eager=True); layers compiled")
 
 
-def test_padded_rows_write_no_cache_slot():
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_padded_rows_write_no_cache_slot(backend):
     """Three sequences decode in bucket 4: exactly their three slots change in every layer's cache, and the
     padded row writes only into the spare block at the end, which the block manager never hands out."""
-    llm = LLM(max_num_seqs=4, num_kvcache_blocks=16, enforce_eager=False)
+    if backend == "cpu" and not cpu_kernels():
+        pytest.skip("the CPU kernels could not be built here")
+    llm = LLM(max_num_seqs=4, num_kvcache_blocks=16, enforce_eager=False, attention_backend=backend)
     for prompt in ([5, 6, 7], [8, 9], [10, 11, 12, 13]):
         llm.add_request(prompt, SamplingParams(temperature=0, max_tokens=4))
     llm.step()  # the prefill of all three

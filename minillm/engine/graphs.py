@@ -135,7 +135,8 @@ class CompiledDecodeSteps(DecodeGraphs):
 
     def __init__(self, runner, max_batch: int):
         super().__init__(runner, max_batch)
-        self.compiled = torch.compile(runner.model, dynamic=False, fullgraph=True)
+        # no shape checks of every intermediate at each replay (inductor's size_asserts): the shapes are fixed
+        self.compiled = torch.compile(runner.model, dynamic=False, fullgraph=True, options={"size_asserts": False})
         # every bucket is one more compiled version of the same forward: let dynamo keep them all
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, len(self.buckets) + 8)
 

@@ -4,6 +4,8 @@
   (`paged_decode_attention`) first copies every sequence's blocks into a padded tensor, then runs SDPA over it:
   each key is moved twice, and the padding is computed and masked. The kernel instead walks each sequence's
   block table, one task per (sequence, KV head) on all cores, with an online softmax over the blocks.
+- storing a step's keys and values into their cache slots (kv_cache_cpu.cpp): one copy per token, where the
+  torch path's indexed writes cost more than the copy itself at small batches.
 - the matmul of a linear layer for few rows (linear_cpu.cpp): a decode step's matmuls at small batch are
   matrix-vector products bound by memory bandwidth, where BLAS reads the weights at a fraction of it.
 
@@ -20,7 +22,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-SOURCES = [Path(__file__).parents[1] / "kernels" / "csrc" / name for name in ("paged_attention_cpu.cpp", "linear_cpu.cpp")]
+SOURCES = [Path(__file__).parents[1] / "kernels" / "csrc" / name for name in
+           ("paged_attention_cpu.cpp", "kv_cache_cpu.cpp", "linear_cpu.cpp")]
 # Up to how many rows the matmul kernel beats F.linear (MKL), measured on this 2-core AVX2 machine: always up to
 # 32; up to 64 for weights of 1M+ entries (4 MiB), which BLAS repacks on each call from memory. Past that, BLAS's
 # blocked matmul wins: it reuses each loaded weight for more rows than a register tile can.
@@ -57,6 +60,14 @@ def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     arguments, same result (to float rounding). Every context_lens[i] must be ≥ 1; table entries past a
     sequence's context (the -1 padding) are never read. Call `cpu_kernels()` first, which builds it."""
     return torch.ops.minillm_cpu.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+def store_kvcache_cpu(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      slot_mapping: torch.Tensor, is_prefill: bool = True) -> None:
+    """In place, token t's key and value to slot slot_mapping[t]: minillm.layers.paged_attention.store_kvcache
+    (a prefill: slot -1 writes nothing) or, with is_prefill False, store_decode_kvcache (slot -1 is a padded
+    row's, written to the spare last slot). For CPU tensors; call `cpu_kernels()` first, which builds it."""
+    torch.ops.minillm_cpu.store_kvcache(k, v, k_cache, v_cache, slot_mapping, is_prefill)
 
 
 def linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -137,8 +137,10 @@ class CompiledDecodeSteps(DecodeGraphs):
         super().__init__(runner, max_batch)
         # no shape checks of every intermediate at each replay (inductor's size_asserts): the shapes are fixed
         self.compiled = torch.compile(runner.model, dynamic=False, fullgraph=True, options={"size_asserts": False})
-        # every bucket is one more compiled version of the same forward: let dynamo keep them all
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, len(self.buckets) + 8)
+        # every bucket is one more compiled version of the model's forward, and dynamo keeps one cache per function
+        # for every engine in the process (two engines, two models): let it keep them all
+        torch._dynamo.config.recompile_limit += len(self.buckets)
+        torch._dynamo.config.accumulated_recompile_limit += len(self.buckets)
 
     def build(self, bucket: int) -> None:
         self.replay(bucket)

@@ -53,14 +53,14 @@ def test_padded_rows_write_no_cache_slot(backend):
     assert spare.sum(-1).tolist() == [[1] * real.shape[1]] * 2  # the padded row, in the spare block's last slot
 
 
-def test_each_engine_adds_its_buckets_to_the_recompile_limit(monkeypatch):
+def test_each_engine_adds_its_buckets_to_the_recompile_limit():
     """Dynamo keeps one list of compiled versions per function, shared by every engine of a process: two
     compiled engines of 8 buckets each need 16 versions of the same forward (fullgraph: past the limit, a
     decode step would fail)."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)  # dynamo's default
-    engines = [LLM(max_num_seqs=64, enforce_eager=False) for _ in range(3)]
-    assert [len(e.model_runner.graphs.buckets) for e in engines] == [8, 8, 8]
-    assert torch._dynamo.config.recompile_limit == 8 + 3 * 8
+    with torch._dynamo.config.patch(recompile_limit=8):  # dynamo's default, restored after
+        engines = [LLM(max_num_seqs=64, enforce_eager=False) for _ in range(3)]
+        assert [len(e.model_runner.graphs.buckets) for e in engines] == [8, 8, 8]
+        assert torch._dynamo.config.recompile_limit == 8 + 3 * 8
 
 
 @pytest.fixture(scope="module")

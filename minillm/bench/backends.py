@@ -45,8 +45,9 @@ class Models:
 
     @cached_property
     def compiled_engine(self) -> LLM:
-        """A second engine whose decode steps run compiled per batch-size bucket (enforce_eager=False)."""
-        return LLM(self.path, **self.engine_options | {"enforce_eager": False})
+        """A second engine with everything compiled: decode steps per batch-size bucket (enforce_eager=False), and
+        the layers' hot functions in prefill steps (compile_layers, the default on CUDA)."""
+        return LLM(self.path, **self.engine_options | {"enforce_eager": False, "compile_layers": True})
 
     @cached_property
     def compiled_layers_engine(self) -> LLM:

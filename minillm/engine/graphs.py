@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from minillm.utils.compile import compiled_layers
 from minillm.utils.context import Context, get_context, reset_context, set_context
 
 PAD_SLOT_ID = -1  # vLLM's name: the cache slot of a padded row. The runner's cache keeps a spare block at its
@@ -110,13 +111,15 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self, max_batch: int | None = None) -> None:
-        """Build every bucket (up to max_batch) now, largest first as nano-vllm captures, on padding alone."""
+        """Build every bucket (up to max_batch) now, largest first as nano-vllm captures, on padding alone, with
+        the layers compiled or not as the steps will run them (a compiled step is only valid for that setting)."""
         for bucket in reversed([b for b in self.buckets if max_batch is None or b <= max_batch]):
             if bucket not in self.build_seconds:
                 self.set_padded_context(0, bucket, 1, [])
                 try:
                     start = time.perf_counter()
-                    self.build(bucket)
+                    with compiled_layers(self.runner.compile_layers):
+                        self.build(bucket)
                     self.build_seconds[bucket] = time.perf_counter() - start
                 finally:
                     reset_context()

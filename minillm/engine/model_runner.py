@@ -78,8 +78,7 @@ class ModelRunner:
         self.graphs, self.eager_reason = None, self.why_eager(config)
         if self.eager_reason is None and self.device.type == "cuda":
             self.graphs = CUDADecodeGraphs(self, min(config.max_num_seqs, 512))
-            with compiled_layers(self.compile_layers):
-                self.graphs.capture()
+            self.graphs.capture()
         elif self.eager_reason is None:
             self.graphs = CompiledDecodeSteps(self, min(config.max_num_seqs, 512))
 

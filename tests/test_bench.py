@@ -286,6 +286,7 @@ def test_every_ladder_rung_generates_the_naive_loops_greedy_tokens(eos_checkpoin
         assert r["num_requests"] == 3 and r["num_output_tokens"] == 18
     assert rungs["naive"]["speedup_over_first"] == rungs["naive"]["speedup_over_previous"] == 1.0
     assert rungs["continuous"]["graph_mode"].startswith("eager") and not rungs["compiled"]["graph_mode"].startswith("eager")
+    assert rungs["compiled"]["graph_mode"].endswith("layers compiled")
 
 
 def test_each_ladder_rung_turns_on_one_more_technique():
@@ -293,7 +294,8 @@ def test_each_ladder_rung_turns_on_one_more_technique():
     assert ladder.rung_options("prefix-caching", "cpu") == ladder.NOTHING | dict(enable_prefix_caching=True)
     cpu, cuda = ladder.rung_options("compiled", "cpu"), ladder.rung_options("compiled", "cuda")
     assert cpu == cuda | dict(attention_backend="cpu") and cuda["attention_backend"] == "torch"  # kernels: CPU only
-    assert cpu["compile_layers"] is None and ladder.rung_options("triton", "cuda")["attention_backend"] == "triton"
+    assert cpu["compile_layers"] and cpu["enforce_eager"] is False  # compiled steps and layers, as run_compiled runs
+    assert ladder.rung_options("triton", "cuda")["attention_backend"] == "triton"
     with pytest.raises(ValueError, match="does not run on cpu"):
         ladder.rung_options("triton", "cpu")
 

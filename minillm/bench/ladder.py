@@ -3,8 +3,8 @@
 Each rung is a named configuration of the real package, and adds one technique to the rung below it:
 recomputing everything per token (chapter 03) → a contiguous KV cache (04) → static batches on the paged
 cache (05) → continuous batching (06) → prefix caching (05/06) → the C++ CPU kernels (decode attention read
-through the block tables, small-batch matmuls; CPU only) → decode steps compiled per batch-size bucket, CUDA
-graphs on a GPU (07/08) → Triton attention kernels (09, CUDA only). The two one-request-at-a-time rungs
+through the block tables, small-batch matmuls; CPU only) → decode steps compiled per batch-size bucket (CUDA
+graphs on a GPU) and the layers' hot functions compiled (07/08) → Triton attention kernels (09, CUDA only). The two one-request-at-a-time rungs
 are far slower, so they run only the first --ladder-slow-prompts requests; every rung reports output tokens/s,
 which stays comparable across slices of the same workload. All rungs are greedy: each must generate the
 naive loop's tokens, and the record says whether it did.
@@ -56,7 +56,8 @@ RUNGS = [
     Rung("continuous", "+ continuous batching", run_minillm),
     Rung("prefix-caching", "+ prefix caching", run_minillm, dict(enable_prefix_caching=True)),
     Rung("cpu-kernels", "+ C++ CPU kernels", run_minillm, dict(attention_backend="cpu"), device="cpu"),
-    Rung("compiled", "+ compiled decode steps / CUDA graphs", run_compiled, dict(compile_layers=None)),
+    Rung("compiled", "+ compiled steps and layers / CUDA graphs", run_compiled,
+         dict(enforce_eager=False, compile_layers=True)),
     Rung("triton", "+ Triton attention kernels", run_compiled, dict(attention_backend="triton"), device="cuda"),
 ]
 

@@ -1,6 +1,6 @@
 """The CPU kernels (minillm.layers.cpu_kernels): paged decode attention against the torch reference on random
-scattered caches, the KV store against the torch store, the few-row matmul against F.linear; the engine on them against the naive loop; the torch
-path when they cannot be built."""
+scattered caches, the KV store against the torch stores, the few-row matmul against F.linear; the engine on them
+against the naive loop; the torch path when they cannot be built."""
 import pytest
 import torch
 

@@ -86,7 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     n, lengths = dict(type=positive_int, metavar="N"), dict(type=length_range, metavar="MIN:MAX")
     p.add_argument("--backends", type=names_from(BACKENDS, "backend"), metavar="LIST", default=DEFAULT_BACKENDS,
                    help=f"comma-separated, from {', '.join(BACKENDS)} (default: all but the engine variants "
-                        f"{', '.join(VARIANTS)}: compiled decode steps per bucket and compiled layers, compiled layers only, all eager)")
+                        f"{', '.join(VARIANTS)}: compiled decode steps per bucket and compiled layers, "
+                        "compiled layers only, all eager)")
     w = p.add_argument_group("workload (random token ids, ignore_eos: every request generates exactly its length)")
     w.add_argument("--workload", choices=["fixed", "mixed", "shared-prefix"], default="fixed")
     w.add_argument("--num-prompts", **n, default=64)

@@ -4,10 +4,10 @@ Each rung is a named configuration of the real package, and adds one technique t
 recomputing everything per token (chapter 03) → a contiguous KV cache (04) → static batches on the paged
 cache (05) → continuous batching (06) → prefix caching (05/06) → the C++ CPU kernels (decode attention read
 through the block tables, small-batch matmuls; CPU only) → decode steps compiled per batch-size bucket (CUDA
-graphs on a GPU) and the layers' hot functions compiled (07/08) → Triton attention kernels (09, CUDA only). The two one-request-at-a-time rungs
-are far slower, so they run only the first --ladder-slow-prompts requests; every rung reports output tokens/s,
-which stays comparable across slices of the same workload. All rungs are greedy: each must generate the
-naive loop's tokens, and the record says whether it did.
+graphs on a GPU) and the layers' hot functions compiled (07/08) → Triton attention kernels (09, CUDA only).
+The two one-request-at-a-time rungs are far slower, so they run only the first --ladder-slow-prompts requests;
+every rung reports output tokens/s, which stays comparable across slices of the same workload. All rungs are
+greedy: each must generate the naive loop's tokens, and the record says whether it did.
 """
 import time
 from dataclasses import dataclass, field

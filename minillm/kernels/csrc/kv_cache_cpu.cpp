@@ -16,7 +16,7 @@ namespace {
 
 void store_kvcache(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
                    const at::Tensor& slot_mapping, bool skip_unslotted) {
-  TORCH_CHECK(k.device().is_cpu() && k.scalar_type() == k_cache.scalar_type() &&
+  TORCH_CHECK(k.device().is_cpu() && k_cache.device().is_cpu() && k.scalar_type() == k_cache.scalar_type() &&
                   v.scalar_type() == v_cache.scalar_type() && slot_mapping.scalar_type() == at::kLong,
               "store_kvcache_cpu: keys and values of the caches' dtype on the CPU and int64 slots, got ",
               k.scalar_type(), " keys for a ", k_cache.scalar_type(), " cache and ", slot_mapping.scalar_type(),

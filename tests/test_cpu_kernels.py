@@ -35,12 +35,13 @@ def counting(calls: list, kernel):
     return lambda *args: calls.append(1) or kernel(*args)
 
 
-LENS = {8: [1, 8, 9, 1030, 23], 16: [1, 16, 17, 1100, 40], 32: [1, 32, 33, 1031, 70]}  # 1, a block, past it, long
+LENS = {8: [1, 8, 9, 1030, 23], 16: [1, 16, 17, 1100, 40], 32: [1, 32, 33, 1031, 70],  # 1, a block, past it, long
+        256: [1, 256, 257, 1100, 130]}  # blocks longer than the kernel's softmax chunk (128 tokens)
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 4), (8, 2), (6, 2)], ids=["mha", "gqa2", "gqa4", "gqa3"])
 @pytest.mark.parametrize("head_dim", [32, 64, 128, 20])  # 20: no specialised kernel, a partial last vector
-@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("block_size", [8, 16, 32, 256])
 def test_kernel_equals_torch_reference(heads, kv_heads, head_dim, block_size):
     q, k_cache, v_cache, tables, lens = random_batch(LENS[block_size], block_size, heads, kv_heads, head_dim)
     scale = head_dim ** -0.5

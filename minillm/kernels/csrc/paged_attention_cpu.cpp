@@ -1,9 +1,12 @@
 // Paged decode attention on the CPU, read straight from the KV cache through the block tables (no gather).
 //
 // One task per (sequence, KV head): the group of query heads that share that KV head walk the sequence's
-// blocks together, so each key and value is loaded from memory once and reused from L1 by the whole group.
+// blocks together, so each key and value is loaded from memory once and reused from the L1 cache by the group.
 // An online softmax keeps, per query head, the running max m, the running sum l of exp(score - m) and the
-// running weighted sum of values; a new block with a larger max rescales both by exp(m_old - m_new).
+// running weighted sum of values; each update covers a chunk of whole blocks (about 128 keys): the chunk's
+// scores first, then one max and exp, then its values, two query heads at a time with their accumulators in
+// registers (measured at batch 64, block size 16: the kernel's time fell by a third against one update per block
+// and one head at a time). A chunk with a larger max rescales the running sums by exp(m_old - m_new).
 // fp32 throughout. Tasks are handed out one at a time to the threads of at::parallel_for (contexts differ in
 // length, and the runner sorts a batch by length, so equal contiguous shares would be unequal work).
 // In the spirit of vLLM's csrc/cpu/attention.cpp, much smaller.
@@ -52,19 +55,59 @@ inline void reduce8(const Vec* v, float* out) {
 #endif
 }
 
+// Tokens per softmax update: the scores of several blocks are gathered before one max, exp and rescale, so that
+// the per-update work (reductions, a scalar exp, rescaling the accumulators) is spread over many keys.
+constexpr int64_t kChunk = 128;
+
+// The tokens of one softmax update for a cache of block_size tokens per block: whole blocks, about kChunk.
+inline int64_t chunk_tokens(int64_t block_size) {
+  return std::max<int64_t>(block_size, kChunk / block_size * block_size);
+}
+
+// acc[g] = acc[g] * rescale[g] + Σ_t p[g][t] · v_t for GN (1 or 2) query heads and the dims c0 .. c0 + 4 Vecs of
+// one chunk's n values: the accumulators (GN × 4) and a value row's 4 Vecs stay in registers, so each value is
+// loaded once for both heads and each weight p is broadcast once per token.
+template <int GN, int64_t kD>
+void accumulate(float* acc, const float* rescale, const float* p, int64_t chunk, const float* v_cache,
+                int64_t block_stride, int64_t token_stride, int64_t block_size, const int64_t* blocks, int64_t n,
+                int64_t D, int64_t c0) {
+  constexpr int64_t W = Vec::size();
+  const auto width = [D](int64_t c) {  // as in attend
+    return kD % Vec::size() == 0 && kD ? Vec::size() : std::min<int64_t>(Vec::size(), D - c);
+  };
+  // 4 whenever the head dim is a known multiple of 4 Vecs: then the loops over j unroll and a stays in registers
+  const int64_t nc = kD && kD % (4 * W) == 0 ? 4 : std::min<int64_t>(4, (D - c0 + W - 1) / W);
+  Vec a[GN][4], vv[4];
+  for (int g = 0; g < GN; ++g)
+    for (int64_t j = 0; j < nc; ++j)
+      a[g][j] = Vec::loadu(acc + g * D + c0 + j * W, width(c0 + j * W)) * Vec(rescale[g]);
+  for (int64_t s = 0; s < n; s += block_size) {
+    const float* v = v_cache + blocks[s / block_size] * block_stride + c0;
+    for (int64_t t = s, end = std::min(n, s + block_size); t < end; ++t, v += token_stride) {
+      for (int64_t j = 0; j < nc; ++j) vv[j] = Vec::loadu(v + j * W, width(c0 + j * W));
+      for (int g = 0; g < GN; ++g) {
+        const Vec w(p[g * chunk + t]);
+        for (int64_t j = 0; j < nc; ++j) a[g][j] = at::vec::fmadd(w, vv[j], a[g][j]);
+      }
+    }
+  }
+  for (int g = 0; g < GN; ++g)
+    for (int64_t j = 0; j < nc; ++j) a[g][j].store(acc + g * D + c0 + j * W, width(c0 + j * W));
+}
+
 // out[g] = softmax(q[g] . k_j * scale) · v_j over the ctx (≥ 1) keys of one sequence and KV head, for its G
-// query heads. `table` lists the sequence's blocks; `work` holds G * (2 * D + 2 + block_size) floats. Loops over
-// a head's dims go Vec::size() floats at a time (8 with AVX2), the last one partial if D is not a multiple of it.
-// kD is the head dim when it is one the compiler specialises for (loops unrolled), or 0: D from the argument.
+// query heads. `table` lists the sequence's blocks; `work` holds G * (2 * D + 3 + chunk_tokens(block_size))
+// floats. Loops over a head's dims go Vec::size() floats at a time (8 with AVX2), the last one partial if D is
+// not a multiple of it. kD is the head dim when it is one the compiler specialises for (loops unrolled), or 0.
 template <int64_t kD>
 void attend(const float* q, int64_t q_head_stride, const float* k_cache, const float* v_cache,
             int64_t block_stride, int64_t token_stride, int64_t block_size, const int64_t* table, int64_t ctx,
             int64_t G, int64_t head_dim, float scale, float* out, int64_t out_head_stride, float* work) {
-  const int64_t D = kD ? kD : head_dim;
+  const int64_t D = kD ? kD : head_dim, chunk = chunk_tokens(block_size);
   const auto width = [D](int64_t c) {  // floats at dim c: a whole Vec but at a partial end
     return kD % Vec::size() == 0 && kD ? Vec::size() : std::min<int64_t>(Vec::size(), D - c);
   };
-  float *qs = work, *acc = qs + G * D, *m = acc + G * D, *l = m + G, *p = l + G;
+  float *qs = work, *acc = qs + G * D, *m = acc + G * D, *l = m + G, *rescale = l + G, *p = rescale + G;
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t c = 0; c < D; c += Vec::size())
       (Vec::loadu(q + g * q_head_stride + c, width(c)) * Vec(scale)).store(qs + g * D + c, width(c));
@@ -72,47 +115,48 @@ void attend(const float* q, int64_t q_head_stride, const float* k_cache, const f
     l[g] = 0.f;
   }
   std::fill(acc, acc + G * D, 0.f);
-  for (int64_t start = 0, b = 0; start < ctx; start += block_size, ++b) {
-    const int64_t n = std::min(block_size, ctx - start);
-    const float* k = k_cache + table[b] * block_stride;
-    const float* v = v_cache + table[b] * block_stride;
-    if (start + block_size < ctx)
-      prefetch(k_cache + table[b + 1] * block_stride, v_cache + table[b + 1] * block_stride,
-               std::min(block_size, ctx - start - block_size), token_stride, D);
-    for (int64_t g = 0; g < G; ++g) {
-      float *pg = p + g * block_size, *ag = acc + g * D;
-      float mx = m[g];
-      int64_t t = 0;
-      for (; t + 8 <= n; t += 8) {  // scores of 8 keys at once: 8 independent chains, then one reduce8
-        Vec s[8];
-        for (int j = 0; j < 8; ++j) s[j] = Vec(0.f);
-        for (int64_t c = 0; c < D; c += Vec::size()) {
-          const Vec qv = Vec::loadu(qs + g * D + c, width(c));
-          for (int j = 0; j < 8; ++j) s[j] = at::vec::fmadd(qv, Vec::loadu(k + (t + j) * token_stride + c, width(c)), s[j]);
+  for (int64_t start = 0; start < ctx; start += chunk) {  // one softmax update per chunk of whole blocks
+    const int64_t n = std::min(chunk, ctx - start);
+    const int64_t* blocks = table + start / block_size;
+    for (int64_t g = 0; g < G; ++g) {  // p[g] = exp(scores - new max) of the chunk's keys, block by block
+      float* pg = p + g * chunk;
+      for (int64_t s = 0; s < n; s += block_size) {
+        const int64_t nb = std::min(block_size, n - s);
+        const float* k = k_cache + blocks[s / block_size] * block_stride;
+        if (g == 0 && start + s + block_size < ctx) {  // the first head's pass asks for the next block
+          const int64_t next = blocks[s / block_size + 1] * block_stride;
+          prefetch(k_cache + next, v_cache + next, std::min(block_size, ctx - start - s - block_size), token_stride, D);
         }
-        reduce8(s, pg + t);
-        for (int j = 0; j < 8; ++j) mx = std::max(mx, pg[t + j]);
-      }
-      for (; t < n; ++t) {  // the last keys, one at a time
-        Vec sc(0.f);
-        for (int64_t c = 0; c < D; c += Vec::size())
-          sc = at::vec::fmadd(Vec::loadu(qs + g * D + c, width(c)), Vec::loadu(k + t * token_stride + c, width(c)), sc);
-        mx = std::max(mx, pg[t] = at::vec::vec_reduce_all<float>(std::plus<Vec>(), sc));
-      }
-      at::vec::map([mx](Vec x) { return (x - Vec(mx)).exp_u20(); }, pg, pg, n);
-      const float rescale = std::exp(m[g] - mx);  // 0 on the first block (m = -inf)
-      l[g] = l[g] * rescale + at::vec::reduce_all<float>(std::plus<Vec>(), pg, n);
-      m[g] = mx;
-      for (int64_t c = 0; c < D; c += Vec::size()) {  // acc = acc * rescale + p · V
-        Vec a[4] = {Vec::loadu(ag + c, width(c)) * Vec(rescale), Vec(0.f), Vec(0.f), Vec(0.f)};  // 4 chains
         int64_t t = 0;
-        for (; t + 4 <= n; t += 4)
-          for (int i = 0; i < 4; ++i)
-            a[i] = at::vec::fmadd(Vec(pg[t + i]), Vec::loadu(v + (t + i) * token_stride + c, width(c)), a[i]);
-        for (; t < n; ++t) a[0] = at::vec::fmadd(Vec(pg[t]), Vec::loadu(v + t * token_stride + c, width(c)), a[0]);
-        ((a[0] + a[1]) + (a[2] + a[3])).store(ag + c, width(c));
+        for (; t + 8 <= nb; t += 8) {  // scores of 8 keys at once: 8 independent chains, then one reduce8
+          Vec sc[8];
+          for (int j = 0; j < 8; ++j) sc[j] = Vec(0.f);
+          for (int64_t c = 0; c < D; c += Vec::size()) {
+            const Vec qv = Vec::loadu(qs + g * D + c, width(c));
+            for (int j = 0; j < 8; ++j)
+              sc[j] = at::vec::fmadd(qv, Vec::loadu(k + (t + j) * token_stride + c, width(c)), sc[j]);
+          }
+          reduce8(sc, pg + s + t);
+        }
+        for (; t < nb; ++t) {  // the last keys, one at a time
+          Vec sc(0.f);
+          for (int64_t c = 0; c < D; c += Vec::size())
+            sc = at::vec::fmadd(Vec::loadu(qs + g * D + c, width(c)), Vec::loadu(k + t * token_stride + c, width(c)),
+                                sc);
+          pg[s + t] = at::vec::vec_reduce_all<float>(std::plus<Vec>(), sc);
+        }
       }
+      const auto max = [](Vec x, Vec y) { return at::vec::maximum(x, y); };
+      const float mx = std::max(m[g], at::vec::reduce_all<float>(max, pg, n));
+      at::vec::map([mx](Vec x) { return (x - Vec(mx)).exp_u20(); }, pg, pg, n);
+      rescale[g] = std::exp(m[g] - mx);  // 0 on the first chunk (m = -inf)
+      l[g] = l[g] * rescale[g] + at::vec::reduce_all<float>(std::plus<Vec>(), pg, n);
+      m[g] = mx;
     }
+    for (int64_t g = 0; g < G; g += 2)  // acc = acc * rescale + p · V: two heads, 4 Vecs of dims at a time
+      for (int64_t c0 = 0; c0 < D; c0 += 4 * Vec::size())
+        (G - g >= 2 ? accumulate<2, kD> : accumulate<1, kD>)(acc + g * D, rescale + g, p + g * chunk, chunk, v_cache,
+                                                             block_stride, token_stride, block_size, blocks, n, D, c0);
   }
   for (int64_t g = 0; g < G; ++g)
     for (int64_t c = 0; c < D; c += Vec::size())
@@ -143,7 +187,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   const int64_t num_tasks = num_seqs * kv_heads;
   std::atomic<int64_t> next{0};
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), num_tasks), 1, [&](int64_t, int64_t) {
-    std::vector<float> work(G * (2 * D + 2 + block_size));
+    std::vector<float> work(G * (2 * D + 3 + chunk_tokens(block_size)));
     for (int64_t i; (i = next++) < num_tasks;) {  // one (sequence, KV head) at a time, whichever thread is free
       const int64_t s = i / kv_heads, h = i % kv_heads;
       run(q_ptr + s * q.stride(0) + h * G * q.stride(1), q.stride(1), k_ptr + h * k_cache.stride(2),

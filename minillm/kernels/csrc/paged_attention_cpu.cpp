@@ -55,6 +55,13 @@ inline void reduce8(const Vec* v, float* out) {
 #endif
 }
 
+// Floats of a head's dims at dim c, for loops that go Vec::size() floats at a time: a whole Vec, but a partial
+// one at the end when D is not a multiple of it. kD is the head dim when known at compile time (then constant), or 0.
+template <int64_t kD>
+inline int64_t vec_width(int64_t D, int64_t c) {
+  return kD % Vec::size() == 0 && kD ? Vec::size() : std::min<int64_t>(Vec::size(), D - c);
+}
+
 // Tokens per softmax update: the scores of several blocks are gathered before one max, exp and rescale, so that
 // the per-update work (reductions, a scalar exp, rescaling the accumulators) is spread over many keys.
 constexpr int64_t kChunk = 128;
@@ -72,9 +79,7 @@ void accumulate(float* acc, const float* rescale, const float* p, int64_t chunk,
                 int64_t block_stride, int64_t token_stride, int64_t block_size, const int64_t* blocks, int64_t n,
                 int64_t D, int64_t c0) {
   constexpr int64_t W = Vec::size();
-  const auto width = [D](int64_t c) {  // as in attend
-    return kD % Vec::size() == 0 && kD ? Vec::size() : std::min<int64_t>(Vec::size(), D - c);
-  };
+  const auto width = [D](int64_t c) { return vec_width<kD>(D, c); };
   // 4 whenever the head dim is a known multiple of 4 Vecs: then the loops over j unroll and a stays in registers
   const int64_t nc = kD && kD % (4 * W) == 0 ? 4 : std::min<int64_t>(4, (D - c0 + W - 1) / W);
   Vec a[GN][4], vv[4];
@@ -97,16 +102,13 @@ void accumulate(float* acc, const float* rescale, const float* p, int64_t chunk,
 
 // out[g] = softmax(q[g] . k_j * scale) · v_j over the ctx (≥ 1) keys of one sequence and KV head, for its G
 // query heads. `table` lists the sequence's blocks; `work` holds G * (2 * D + 3 + chunk_tokens(block_size))
-// floats. Loops over a head's dims go Vec::size() floats at a time (8 with AVX2), the last one partial if D is
-// not a multiple of it. kD is the head dim when it is one the compiler specialises for (loops unrolled), or 0.
+// floats. kD is the head dim when it is one the compiler specialises for (loops unrolled), or 0 (see vec_width).
 template <int64_t kD>
 void attend(const float* q, int64_t q_head_stride, const float* k_cache, const float* v_cache,
             int64_t block_stride, int64_t token_stride, int64_t block_size, const int64_t* table, int64_t ctx,
             int64_t G, int64_t head_dim, float scale, float* out, int64_t out_head_stride, float* work) {
   const int64_t D = kD ? kD : head_dim, chunk = chunk_tokens(block_size);
-  const auto width = [D](int64_t c) {  // floats at dim c: a whole Vec but at a partial end
-    return kD % Vec::size() == 0 && kD ? Vec::size() : std::min<int64_t>(Vec::size(), D - c);
-  };
+  const auto width = [D](int64_t c) { return vec_width<kD>(D, c); };
   float *qs = work, *acc = qs + G * D, *m = acc + G * D, *l = m + G, *rescale = l + G, *p = rescale + G;
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t c = 0; c < D; c += Vec::size())

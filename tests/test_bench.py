@@ -14,7 +14,7 @@ from minillm.bench import ladder
 from minillm.bench.backends import (Models, greedy, run_compiled, run_compiled_layers, run_eager, run_minillm,
                                     run_static)
 from minillm.bench.breakdown import PARTS, StepBreakdown
-from minillm.bench.cli import DEFAULT_BACKENDS, check_token_counts, parse_args
+from minillm.bench.cli import DEFAULT_BACKENDS, check_token_counts, make_workload, parse_args
 from minillm.bench.hf import batch_sizes, generate_padded, run_hf_generate_batch
 from minillm.bench.metrics import latency
 from minillm.bench.models import RANDOM_SIZES, num_parameters, save_random_qwen3, special_token_ids
@@ -42,6 +42,9 @@ def test_mixed_workload_lengths_in_range_ids_in_pool_and_seeded():
     assert {t for p in w.prompts for t in p} <= set(POOL)
     assert w == workloads.mixed(200, (16, 40), (1, 9), POOL, seed=3)
     assert w != workloads.mixed(200, (16, 40), (1, 9), POOL, seed=4)
+    other = workloads.mixed(200, (16, 40), (1, 9), POOL, seed=3, token_seed=5)  # a repeat: same lengths, other ids
+    assert [len(p) for p in other.prompts] == [len(p) for p in w.prompts] and other.output_lens == w.output_lens
+    assert all(a != b for a, b in zip(other.prompts, w.prompts))
 
 
 def test_shared_prefix_workload_shares_its_preamble_only():
@@ -250,6 +253,23 @@ def test_end_to_end_record(tmp_path):
     assert set(record["breakdown"]) == {"prefill", "decode"}
     assert sum(record["breakdown"]["decode"]["share"].values()) == pytest.approx(1)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_repeats_run_every_backend_each_round_on_fresh_prompts_and_count_the_fastest(tmp_path):
+    out = tmp_path / "r.json"
+    record = main(["--random-size", "tiny", "--num-prompts", "10", "--workload", "mixed", "--input-range", "3:12",
+                   "--output-range", "1:6", "--backends", "minillm,hf-generate", "--hf-batch-size", "auto",
+                   "--repeats", "3", "--output-json", str(out)])
+    for name, result in record["results"].items():
+        rounds = result["rounds_output_tokens_per_second"]
+        assert len(rounds) == 3 and result["output_tokens_per_second"] == max(rounds)
+    hf = record["results"]["hf-generate"]
+    assert [t["batch_size"] for t in hf["tried"]] == [8, 10]  # the sweep (capped at 10 prompts): first round only
+    assert hf["same_tokens_as_minillm"] == 1  # compared round by round, on each round's prompts
+    first = make_workload(parse_args(["--workload", "mixed"]), POOL, 0, 8)
+    again = make_workload(parse_args(["--workload", "mixed"]), POOL, 0, 8, repeat=1)
+    assert again.output_lens == first.output_lens and again.prompts != first.prompts
+    assert list(map(len, again.prompts)) == list(map(len, first.prompts))
 
 
 def test_poisson_arrivals_are_seeded_increasing_and_have_the_rate_on_average():

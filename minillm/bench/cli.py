@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from minillm.bench import ladder, roofline, serving, workloads
-from minillm.bench.backends import Models, run_compiled, run_compiled_layers, run_eager, run_minillm, run_static
+from minillm.bench.backends import Models, Run, run_compiled, run_compiled_layers, run_eager, run_minillm, run_static
 from minillm.bench.hf import AUTO_BATCH_SIZES, run_hf_generate, run_hf_generate_batch
 from minillm.bench.metrics import latency, throughput
 from minillm.bench.models import RANDOM_SIZES, checkpoint, num_parameters, read_config, special_token_ids
@@ -109,6 +109,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     e.add_argument("--hf-batch-size", type=hf_batch_size, metavar="N|auto", default="auto",
                    help=f"hf-generate: N, or auto = the fastest of {', '.join(map(str, AUTO_BATCH_SIZES))} "
                         "(capped at the number of prompts)")
+    e.add_argument("--repeats", **n, default=1, help="the comparison: every backend this many times, each round on "
+                   "other prompts of the same lengths; each backend's fastest round counts (default 1)")
     e.add_argument("--device", default="cpu", help="cpu or cuda, for every backend (default: cpu)")
     e.add_argument("--threads", **n, help="torch.set_num_threads for all backends (default: torch's)")
     modes = p.add_argument_group("other benchmarks than the side-by-side comparison (one at a time)")
@@ -146,12 +148,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def make_workload(args, pool: list[int], seed: int, num_prompts: int) -> Workload:
+def make_workload(args, pool: list[int], seed: int, num_prompts: int, repeat: int = 0) -> Workload:
+    """The --workload's requests. repeat r > 0 gives round r of --repeats: the same lengths with other prompts,
+    which no prefix cache has seen in an earlier round."""
+    reseed = seed + 1000 * repeat
     if args.workload == "fixed":
-        return workloads.fixed(num_prompts, args.input_len, args.output_len, pool, seed)
+        return workloads.fixed(num_prompts, args.input_len, args.output_len, pool, reseed)
     if args.workload == "mixed":
-        return workloads.mixed(num_prompts, args.input_range, args.output_range, pool, seed)
-    return workloads.shared_prefix(num_prompts, args.prefix_len, args.suffix_len, args.output_len, pool, seed)
+        return workloads.mixed(num_prompts, args.input_range, args.output_range, pool, seed, reseed if repeat else None)
+    return workloads.shared_prefix(num_prompts, args.prefix_len, args.suffix_len, args.output_len, pool, reseed)
 
 
 def describe(args) -> str:
@@ -186,35 +191,51 @@ def check_token_counts(backend: str, token_ids: list[list[int]], output_lens: li
                                "its throughput would be miscounted")
 
 
-def summarize(runs: dict, workload: Workload) -> tuple[dict, dict]:
-    """Per backend: throughput, latency where recorded, the share of requests whose tokens equal minillm's (a
-    greedy check), and the run's facts. And minillm's output tokens/s over each peer's."""
+def summarize(runs: dict[str, list[Run]], workload: Workload) -> tuple[dict, dict]:
+    """Per backend, from its fastest round: throughput, latency where recorded, the run's facts; the share of
+    requests (over all rounds) whose tokens equal minillm's in the same round (a greedy check), and each
+    round's throughput when there were several. And minillm's output tokens/s over each peer's."""
     results = {}
-    for name, run in runs.items():
-        results[name] = throughput(workload, run.elapsed)
-        if run.times:
-            results[name] |= latency(run.times, workload.output_lens)
+    for name, rounds in runs.items():
+        best = min(rounds, key=lambda run: run.elapsed)
+        results[name] = throughput(workload, best.elapsed)
+        if best.times:
+            results[name] |= latency(best.times, workload.output_lens)
         if "minillm" in runs and name != "minillm":
-            same = sum(a == b for a, b in zip(run.token_ids, runs["minillm"].token_ids))
-            results[name]["same_tokens_as_minillm"] = same / len(workload)
-        results[name] |= {k: v for k, v in run.info.items() if k != "breakdown"}
+            same = sum(a == b for run, ours in zip(rounds, runs["minillm"]) for a, b in zip(run.token_ids, ours.token_ids))
+            results[name]["same_tokens_as_minillm"] = same / (len(workload) * len(rounds))
+        if len(rounds) > 1:
+            results[name]["rounds_output_tokens_per_second"] = [workload.num_output_tokens / r.elapsed for r in rounds]
+        results[name] |= {k: v for k, v in best.info.items() if k != "breakdown"}
+        if "tried" in rounds[0].info:  # hf-generate's batch-size sweep runs in the first round only
+            results[name]["tried"] = rounds[0].info["tried"]
     if "minillm" not in results:
         return results, {}
     ours = results["minillm"]["output_tokens_per_second"]
     return results, {name: ours / r["output_tokens_per_second"] for name, r in results.items() if name != "minillm"}
 
 
-def compare(args, path: Path, engine_opts: dict, workload: Workload, warmup: Workload) -> dict:
-    """Every backend of --backends on the workload: results, minillm's speedups and step breakdown; printed."""
+def compare(args, path: Path, engine_opts: dict, workload: Workload, warmup: Workload,
+            repeats: list[Workload] = ()) -> dict:
+    """Every backend of --backends on the workload, then on each of `repeats` (the same lengths, other prompts:
+    --repeats rounds, in alternating order so that a slow spell of the machine does not fall on one backend
+    alone); each backend counts its fastest round. Results, minillm's speedups and step breakdown; printed."""
     models = Models(path, engine_opts)
-    runs = {}
-    for name in (b for b in BACKENDS if b in args.backends):
-        runs[name] = BACKENDS[name](models, workload, warmup, args)
-        check_token_counts(name, runs[name].token_ids, workload.output_lens)
-        print(f"{name}: {workload.num_output_tokens / runs[name].elapsed:.1f} output tokens/s")
+    names = [b for b in BACKENDS if b in args.backends]
+    runs = {name: [] for name in names}
+    for r, round_workload in enumerate([workload, *repeats]):
+        for name in names if r % 2 == 0 else names[::-1]:
+            round_args = args
+            if r and name == "hf-generate":  # later rounds rerun the batch size the first round found fastest
+                round_args = argparse.Namespace(**vars(args) | {"hf_batch_size": runs[name][0].info["batch_size"]})
+            run = BACKENDS[name](models, round_workload, warmup, round_args)
+            check_token_counts(name, run.token_ids, round_workload.output_lens)
+            runs[name].append(run)
+            label = f" (round {r + 1} of {len(repeats) + 1})" if repeats else ""
+            print(f"{name}{label}: {workload.num_output_tokens / run.elapsed:.1f} output tokens/s")
     results, speedup = summarize(runs, workload)
-    breakdown = runs["minillm"].info["breakdown"] if "minillm" in runs else None
-    print("\n" + results_table(results, speedup))
+    breakdown = min(runs["minillm"], key=lambda run: run.elapsed).info["breakdown"] if "minillm" in runs else None
+    print("\n" + results_table(results, speedup) + ("\n(each backend's fastest of its rounds)" if repeats else ""))
     if len(results.get("hf-generate", {}).get("tried", [])) > 1:
         print("hf-generate batch sizes: " + ", ".join(f"{t['batch_size']}: {t['output_tokens_per_second']:.1f} tok/s"
                                                       for t in results["hf-generate"]["tried"]))
@@ -254,7 +275,8 @@ def bench(args, random_size: str | None) -> dict:
         elif args.roofline:
             measured = roofline.run(path, engine_opts, pool, args)
         else:
-            measured = compare(args, path, engine_opts, workload, warmup)
+            repeats = [make_workload(args, pool, args.seed, args.num_prompts, r) for r in range(1, args.repeats)]
+            measured = compare(args, path, engine_opts, workload, warmup, repeats)
     return dict(model=model, engine_options=engine_opts,
                 workload=dict(name=kind, num_requests=len(workload),
                               num_input_tokens=workload.num_input_tokens,

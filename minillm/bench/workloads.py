@@ -44,13 +44,15 @@ def fixed(num_prompts: int, input_len: int, output_len: int, pool: list[int], se
 
 
 def mixed(num_prompts: int, input_range: tuple[int, int], output_range: tuple[int, int], pool: list[int],
-          seed: int = 0) -> Workload:
+          seed: int = 0, token_seed: int | None = None) -> Workload:
     """Prompt and output lengths drawn uniformly from [min, max] (inclusive): the case static batching wastes
-    most on, since a padded batch runs to its longest request."""
+    most on, since a padded batch runs to its longest request. The lengths come from seed; the prompts' tokens
+    too, or from token_seed when given (the same lengths with other prompts)."""
     rng = random.Random(seed)
     input_lens = [rng.randint(*input_range) for _ in range(num_prompts)]
     output_lens = [rng.randint(*output_range) for _ in range(num_prompts)]
-    return Workload([rng.choices(pool, k=n) for n in input_lens], output_lens)
+    tokens = rng if token_seed is None else random.Random(token_seed)
+    return Workload([tokens.choices(pool, k=n) for n in input_lens], output_lens)
 
 
 def shared_prefix(num_prompts: int, prefix_len: int, suffix_len: int, output_len: int, pool: list[int],

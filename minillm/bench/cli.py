@@ -109,8 +109,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     e.add_argument("--hf-batch-size", type=hf_batch_size, metavar="N|auto", default="auto",
                    help=f"hf-generate: N, or auto = the fastest of {', '.join(map(str, AUTO_BATCH_SIZES))} "
                         "(capped at the number of prompts)")
-    e.add_argument("--repeats", **n, default=1, help="the comparison: every backend this many times, each round on "
-                   "other prompts of the same lengths; each backend's fastest round counts (default 1)")
+    e.add_argument("--repeats", **n, default=1, help="the comparison (and --roofline's decode rates): every backend "
+                   "this many times, each round on other prompts of the same lengths; the fastest round counts "
+                   "(default 1)")
     e.add_argument("--device", default="cpu", help="cpu or cuda, for every backend (default: cpu)")
     e.add_argument("--threads", **n, help="torch.set_num_threads for all backends (default: torch's)")
     modes = p.add_argument_group("other benchmarks than the side-by-side comparison (one at a time)")

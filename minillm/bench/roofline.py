@@ -55,12 +55,17 @@ def matmul_flops(n: int = 2048, repeats: int = 5) -> dict:
 def decode_rate(models: Models, batch: int, pool: list[int], args) -> dict:
     """Decode tokens/s of the engine in its fastest configuration (decode steps compiled; the warm-up compiles
     the bucket) at a batch of `batch` equal requests: sequences decoded per second in its decode steps (prefill
-    steps left out), from the step breakdown."""
-    workload = workloads.fixed(batch, args.input_len, args.output_len, pool, args.seed)
+    steps left out), from the step breakdown. With --repeats N, the fastest of N runs on other prompts, as the
+    ceilings are the best of several."""
     warmup = workloads.fixed(batch, args.input_len, 4, pool, args.seed + 1)
-    decode = run_minillm(models, workload, warmup, args, models.compiled_engine).info["breakdown"]["decode"]
-    return dict(batch_size=batch, decode_step_ms=decode["mean_step_ms"],
-                tokens_per_second=decode["mean_batch_size"] / decode["mean_step_ms"] * 1000)
+    runs = []
+    for r in range(getattr(args, "repeats", 1)):
+        workload = workloads.fixed(batch, args.input_len, args.output_len, pool, args.seed + 1000 * r)
+        decode = run_minillm(models, workload, warmup, args, models.compiled_engine).info["breakdown"]["decode"]
+        runs.append(dict(batch_size=batch, decode_step_ms=decode["mean_step_ms"],
+                         tokens_per_second=decode["mean_batch_size"] / decode["mean_step_ms"] * 1000))
+    best = max(runs, key=lambda run: run["tokens_per_second"])
+    return best | (dict(rounds_tokens_per_second=[run["tokens_per_second"] for run in runs]) if len(runs) > 1 else {})
 
 
 def run(path, engine_options: dict, pool: list[int], args) -> dict:
@@ -82,7 +87,8 @@ def run(path, engine_options: dict, pool: list[int], args) -> dict:
     many = decode_rate(models, args.roofline_batch, pool, args)
     many |= dict(flops_per_token=2 * params, flops=2 * params * many["tokens_per_second"])
     many["fraction_of_matmul_flops"] = many["flops"] / matmul["flops"]
-    print(f"decode steps compiled per bucket\nbatch-1 decode: {one['tokens_per_second']:.1f} tok/s x {(weight_bytes + kv_bytes) / 1e6:.1f} MB/token "
+    best_of = f", the fastest of {args.repeats} runs each" if getattr(args, "repeats", 1) > 1 else ""
+    print(f"decode steps compiled per bucket{best_of}\nbatch-1 decode: {one['tokens_per_second']:.1f} tok/s x {(weight_bytes + kv_bytes) / 1e6:.1f} MB/token "
           f"= {one['achieved_gb_s']:.1f} GB/s, {one['fraction_of_bandwidth']:.0%} of the measured bandwidth\n"
           f"batch-{args.roofline_batch} decode: {many['tokens_per_second']:.1f} tok/s x 2 x {params / 1e6:.1f}M "
           f"parameters = {many['flops'] / 1e9:.1f} GFLOP/s, {many['fraction_of_matmul_flops']:.0%} of the matmul's")

@@ -53,6 +53,20 @@ def test_padded_rows_write_no_cache_slot(backend):
     assert spare.sum(-1).tolist() == [[1] * real.shape[1]] * 2  # the padded row, in the spare block's last slot
 
 
+def test_a_compiled_step_replays_without_dynamo():
+    """Once a bucket is built, its steps call inductor's compiled code directly: dynamo checks no guards (its
+    cache lookup would show in the profile), and the tokens stay the eager engine's."""
+    llm, eager = LLM(enforce_eager=False), LLM()
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    llm.generate([[5, 6, 7]], greedy, use_tqdm=False)  # builds bucket 1
+    with torch.profiler.profile() as prof:
+        out = llm.generate([[8, 9, 10, 11]], greedy, use_tqdm=False)
+    names = {event.key for event in prof.key_averages()}
+    assert "minillm::attention" in names and not [name for name in names if "Dynamo" in name]
+    assert sorted(llm.model_runner.graphs.steps) == [1]
+    assert out[0].token_ids == eager.generate([[8, 9, 10, 11]], greedy, use_tqdm=False)[0].token_ids
+
+
 def test_each_engine_adds_its_buckets_to_the_recompile_limit():
     """Dynamo keeps one list of compiled versions per function, shared by every engine of a process: two
     compiled engines of 8 buckets each need 16 versions of the same forward (fullgraph: past the limit, a

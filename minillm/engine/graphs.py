@@ -4,8 +4,8 @@ A decode step of a small model is hundreds of small operations; run eagerly, eac
 time on the host and, on a GPU, a kernel launch. So the step is prepared once per batch size and replayed: a
 batch of n sequences runs in the smallest bucket that holds it, its rows padded. On a GPU the replay is a CUDA
 graph (one launch for the whole step, as nano-vllm and vLLM do); on a CPU it is the step compiled by
-torch.compile with fixed shapes (inductor's generated C++: one call, elementwise chains fused), built the first
-time a batch needs it, so that an engine starts at once.
+torch.compile with fixed shapes (inductor's generated C++: one call, elementwise chains fused) and called
+directly, built the first time a batch needs it, so that an engine starts at once.
 
 Both read their inputs from the model runner's preallocated buffers, so each replay finds the step's tokens,
 positions, slots and block tables at the addresses it was recorded with.
@@ -130,29 +130,41 @@ class DecodeGraphs:
 
 
 class CompiledDecodeSteps(DecodeGraphs):
-    """The CPU's replay: the model compiled once by torch.compile, which dynamo specialises per input shape,
-    i.e. once per bucket. Attention stays one opaque op (see Attention.forward), so its block tables may be
-    as narrow as the step's longest context."""
+    """The CPU's replay: each bucket's step traced once by dynamo (fixed shapes) and compiled by inductor, whose
+    wrapper around the generated kernels is C++ too (`cpp_wrapper`), then replayed by calling that compiled code
+    directly on the same input tensors, as a CUDA graph is replayed: no check of dynamo's guards (hundreds,
+    one per parameter) and no Python between the step's operations. Like vLLM's compilation backend, a small
+    torch.compile backend hands the graph to inductor and keeps what it returns. Attention stays one opaque op
+    (see Attention.forward), so its block tables may be as narrow as the step's longest context."""
 
     kind = "compiled decode steps"
+    inductor_options = {"cpp_wrapper": True, "size_asserts": False}  # shapes are fixed: no size checks per call
 
     def __init__(self, runner, max_batch: int):
         super().__init__(runner, max_batch)
-        # no shape checks of every intermediate at each replay (inductor's size_asserts): the shapes are fixed
-        self.compiled = torch.compile(runner.model, dynamic=False, fullgraph=True, options={"size_asserts": False})
+        self.steps: dict[int, tuple] = {}  # bucket -> (inductor's compiled step, the tensors it was compiled on)
         # every bucket is one more compiled version of the model's forward, and dynamo keeps one cache per function
         # for every engine in the process (two engines, two models): let it keep them all
         torch._dynamo.config.recompile_limit += len(self.buckets)
         torch._dynamo.config.accumulated_recompile_limit += len(self.buckets)
 
     def build(self, bucket: int) -> None:
-        self.replay(bucket)
+        from torch._inductor.compile_fx import compile_fx  # here: importing inductor takes a second
+
+        def backend(graph, example_inputs):  # dynamo's traced step: the inputs are the parameters and the buffers' rows
+            compiled = compile_fx(graph, example_inputs, config_patches=self.inductor_options)
+            self.steps[bucket] = compiled, list(example_inputs)
+            return compiled
+        r = self.runner
+        torch.compile(r.model, backend=backend, dynamic=False, fullgraph=True)(r.input_ids[:bucket], r.positions[:bucket])
 
     def replay(self, bucket: int) -> torch.Tensor:
-        start = time.perf_counter()
-        hidden = self.compiled(self.runner.input_ids[:bucket], self.runner.positions[:bucket])
-        self.build_seconds.setdefault(bucket, time.perf_counter() - start)  # the first run compiles
-        return hidden
+        if bucket not in self.steps:  # the first batch that needs a bucket builds it
+            start = time.perf_counter()
+            self.build(bucket)
+            self.build_seconds[bucket] = time.perf_counter() - start
+        compiled, inputs = self.steps[bucket]
+        return compiled(*inputs)[0]
 
 
 class CUDADecodeGraphs(DecodeGraphs):

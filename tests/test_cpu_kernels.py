@@ -94,6 +94,19 @@ def test_store_kvcache_equals_the_torch_stores(kv_heads, head_dim, is_prefill):
     assert torch.equal(k_cache[-1, -1], last if is_prefill else k[3])  # the cache's last slot: row 3's slot -1
 
 
+def test_decode_attention_stores_then_attends():
+    """The compiled step's one op: the decode store (a padded row's slot -1 to the spare last slot), then attention
+    over the keys including the step's own, as the two kernels one after the other."""
+    q, k_cache, v_cache, tables, lens = random_batch([5, 17, 40], 16, 8, 2, 32)
+    k, v = torch.randn(2, 3, 2, 32).unbind()
+    slots = torch.tensor([int(tables[0, 0]) * 16 + 4, int(tables[1, 1]) * 16, -1])  # each row's newest key; padding
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    store_kvcache_cpu(k, v, expected_k, expected_v, slots, is_prefill=False)
+    expected = paged_decode_attention_cpu(q, expected_k, expected_v, tables, lens, 0.2)
+    out = torch.ops.minillm_cpu.decode_attention(q, k, v, k_cache, v_cache, slots, tables, lens, 0.2)
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v) and torch.equal(out, expected)
+
+
 def test_store_kvcache_names_a_slot_outside_the_cache():
     k_cache = v_cache = torch.zeros(2, 4, 1, 8)
     with pytest.raises(RuntimeError, match="slot 8 of token 1 is outside the cache's 8 slots"):

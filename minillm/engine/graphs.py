@@ -134,10 +134,12 @@ class CompiledDecodeSteps(DecodeGraphs):
     wrapper around the generated kernels is C++ too (`cpp_wrapper`), then replayed by calling that compiled code
     directly on the same input tensors, as a CUDA graph is replayed: no check of dynamo's guards (hundreds,
     one per parameter) and no Python between the step's operations. Like vLLM's compilation backend, a small
-    torch.compile backend hands the graph to inductor and keeps what it returns. Attention stays one opaque op
-    (see Attention.forward), so its block tables may be as narrow as the step's longest context."""
+    torch.compile backend hands the graph to inductor and keeps what it returns. Attention is the backend's
+    decode op where it has one (the CPU kernels' store-and-attend), else one opaque op (see Attention.forward);
+    either way the step's tensors are read from the runner's buffers, block tables at their full width."""
 
     kind = "compiled decode steps"
+    whole_block_tables = True  # the compiled step reads the block-table rows it was compiled with, at a fixed width
     inductor_options = {"cpp_wrapper": True, "size_asserts": False}  # shapes are fixed: no size checks per call
 
     def __init__(self, runner, max_batch: int):

@@ -69,6 +69,12 @@ class TorchAttentionBackend:
             v = gather_context(v_cache, ctx.block_tables, ctx.cu_seqlens_k_cpu)
         return prefill_attention(q, k, v, ctx.cu_seqlens_q_cpu, ctx.cu_seqlens_k_cpu, scale)
 
+    def decode_in_graph(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor | None:
+        """A decode step's store and attention as one op a compiled step calls directly (no Python in between),
+        reading the step's tensors from the graph's inputs; None where the backend has none (then the compiled
+        step calls the opaque attention_op)."""
+        return None
+
     def decode(self, q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
         if not q.is_cpu:
             return paged_decode_attention(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale)
@@ -105,6 +111,12 @@ class CPUAttentionBackend(TorchAttentionBackend):
         if q.is_cpu and q.dtype == torch.float32 and self.built:
             return paged_decode_attention_cpu(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale)
         return super().decode(q, k_cache, v_cache, ctx, scale)
+
+    def decode_in_graph(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor | None:
+        if q.is_cpu and q.dtype == torch.float32 and self.built:
+            return torch.ops.minillm_cpu.decode_attention(q, k, v, k_cache, v_cache, ctx.slot_mapping,
+                                                          ctx.block_tables, ctx.context_lens, scale)
+        return None
 
 
 class TritonAttentionBackend(TorchAttentionBackend):
@@ -175,7 +187,12 @@ class Attention(nn.Module):
         _LAYERS[self.layer_id] = self
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():  # inside torch.compile: one opaque op, see attention_op
+        if torch.compiler.is_compiling():  # inside torch.compile: the backend's decode op, or one opaque op
+            ctx = get_context()
+            if ctx is not None and not ctx.is_prefill and self.k_cache.numel():
+                out = self.backend.decode_in_graph(q, k, v, self.k_cache, self.v_cache, ctx, self.scale)
+                if out is not None:
+                    return out
             return attention_op(q, k, v, self.layer_id)
         return self.attend(q, k, v)
 

@@ -50,6 +50,7 @@ def cpu_kernels() -> bool:
                       "attention and small matmuls take the slower torch path", RuntimeWarning, stacklevel=2)
         return False
     torch.library.register_fake("minillm_cpu::paged_decode_attention")(lambda q, *args: torch.empty_like(q))
+    torch.library.register_fake("minillm_cpu::decode_attention")(lambda q, *args: torch.empty_like(q))
     torch.library.register_fake("minillm_cpu::linear")(lambda x, w, b: x.new_empty(x.shape[0], w.shape[0]))
     return True
 

@@ -14,6 +14,7 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -200,11 +201,30 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   return out;
 }
 
+// A layer's whole decode attention as one op that a compiled decode step calls directly (CompiledDecodeSteps):
+// store the step's keys and values (padded rows to the spare slot), then attend. The caches are written but
+// declared read-only, as the Python attention op hides them from the compiler: declared, torch.compile would copy
+// the whole cache around every step to keep the graph free of in-place writes.
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
+                            const at::Tensor& v_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                            const at::Tensor& context_lens, double scale) {
+  static const auto store = c10::Dispatcher::singleton().findSchemaOrThrow("minillm_cpu::store_kvcache", "").typed<
+      void(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, const at::Tensor&, bool)>();
+  at::Tensor k_out = k_cache, v_out = v_cache;  // the same tensors, writable
+  store.call(k, v, k_out, v_out, slot_mapping, false);
+  return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(minillm_cpu, m) {
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor context_lens, float scale) -> Tensor");
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, Tensor slot_mapping, "
+        "Tensor block_tables, Tensor context_lens, float scale) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(minillm_cpu, CPU, m) { m.impl("paged_decode_attention", &paged_decode_attention); }
+TORCH_LIBRARY_IMPL(minillm_cpu, CPU, m) {
+  m.impl("paged_decode_attention", &paged_decode_attention);
+  m.impl("decode_attention", &decode_attention);
+}

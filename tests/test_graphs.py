@@ -1,5 +1,8 @@
 """Decode steps per batch-size bucket (minillm.engine.graphs): bucket choice, padding that touches no cache
 slot, and greedy tokens identical to the naive loop across bucket boundaries, with the compiled steps on."""
+import gc
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -66,6 +69,19 @@ def test_a_compiled_step_replays_without_dynamo():
     assert attention in names and not [name for name in names if "Dynamo" in name]
     assert sorted(llm.model_runner.graphs.steps) == [1]
     assert out[0].token_ids == eager.generate([[8, 9, 10, 11]], greedy, use_tqdm=False)[0].token_ids
+
+
+def test_a_deleted_compiled_engine_is_freed():
+    """Dynamo keeps every compiled version (and its backend) for the life of the process; the engine's KV cache
+    and weights must not live on with it."""
+    def run():
+        llm = LLM(enforce_eager=False)
+        llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
+        assert llm.model_runner.graphs.steps
+        return weakref.ref(llm.model_runner.kv_cache)
+    kv_cache = run()
+    gc.collect()
+    assert kv_cache() is None
 
 
 def test_each_engine_adds_its_buckets_to_the_recompile_limit():

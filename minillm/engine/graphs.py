@@ -11,6 +11,7 @@ Both read their inputs from the model runner's preallocated buffers, so each rep
 positions, slots and block tables at the addresses it was recorded with.
 """
 import time
+import weakref
 
 import torch
 
@@ -153,9 +154,13 @@ class CompiledDecodeSteps(DecodeGraphs):
     def build(self, bucket: int) -> None:
         from torch._inductor.compile_fx import compile_fx  # here: importing inductor takes a second
 
+        # dynamo keeps the backend for as long as the process lives: it holds this object weakly, so that a deleted
+        # engine (its KV cache, its weights) is freed
+        this, options = weakref.ref(self), self.inductor_options
+
         def backend(graph, example_inputs):  # dynamo's traced step: the inputs are the parameters and the buffers' rows
-            compiled = compile_fx(graph, example_inputs, config_patches=self.inductor_options)
-            self.steps[bucket] = compiled, list(example_inputs)
+            compiled = compile_fx(graph, example_inputs, config_patches=options)
+            this().steps[bucket] = compiled, list(example_inputs)
             return compiled
         r = self.runner
         torch.compile(r.model, backend=backend, dynamic=False, fullgraph=True)(r.input_ids[:bucket], r.positions[:bucket])

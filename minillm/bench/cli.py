@@ -152,7 +152,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def make_workload(args, pool: list[int], seed: int, num_prompts: int, repeat: int = 0) -> Workload:
     """The --workload's requests. repeat r > 0 gives round r of --repeats: the same lengths with other prompts,
     which no prefix cache has seen in an earlier round."""
-    reseed = seed + 1000 * repeat
+    reseed = workloads.round_seed(seed, repeat)
     if args.workload == "fixed":
         return workloads.fixed(num_prompts, args.input_len, args.output_len, pool, reseed)
     if args.workload == "mixed":

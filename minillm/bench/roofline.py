@@ -60,7 +60,7 @@ def decode_rate(models: Models, batch: int, pool: list[int], args) -> dict:
     warmup = workloads.fixed(batch, args.input_len, 4, pool, args.seed + 1)
     runs = []
     for r in range(getattr(args, "repeats", 1)):
-        workload = workloads.fixed(batch, args.input_len, args.output_len, pool, args.seed + 1000 * r)
+        workload = workloads.fixed(batch, args.input_len, args.output_len, pool, workloads.round_seed(args.seed, r))
         decode = run_minillm(models, workload, warmup, args, models.compiled_engine).info["breakdown"]["decode"]
         runs.append(dict(batch_size=batch, decode_step_ms=decode["mean_step_ms"],
                          tokens_per_second=decode["mean_batch_size"] / decode["mean_step_ms"] * 1000))

@@ -32,6 +32,11 @@ class Workload:
         return max(len(p) + n for p, n in zip(self.prompts, self.output_lens))
 
 
+def round_seed(seed: int, repeat: int) -> int:
+    """The seed of round `repeat` of a repeated benchmark (round 0 keeps `seed`): other prompts for each round."""
+    return seed + 1000 * repeat
+
+
 def token_pool(vocab_size: int, special_ids: set[int]) -> list[int]:
     """The ids a random prompt may use: the whole vocabulary except its special tokens."""
     return [i for i in range(vocab_size) if i not in special_ids]

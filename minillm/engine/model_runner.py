@@ -60,7 +60,7 @@ class ModelRunner:
             if isinstance(layer, Attention):
                 layer.backend = self.attn_backend
             elif isinstance(layer, (LinearBase, ParallelLMHead)):
-                layer.kernel = self.attn_backend.linear
+                layer.kernel = self.attn_backend.linear_kernel(layer.weight)
         self.allocate_input_buffers(config)
         tp_size = group.size if group else 1  # each rank caches its share of the KV heads
         bytes_per_block = kv_cache_bytes_per_token(self.model.config, getattr(torch, config.dtype)) * self.block_size

@@ -1,4 +1,5 @@
 """Attention: each token's query looks at the keys of itself and the tokens before it (causal)."""
+import functools
 import itertools
 import weakref
 
@@ -7,7 +8,8 @@ from torch import nn
 
 from minillm.layers.paged_attention import (gather_context, paged_decode_attention, prefill_attention, store_decode_kvcache,
                                             store_kvcache)
-from minillm.layers.cpu_kernels import cpu_kernels, linear_cpu, paged_decode_attention_cpu, store_kvcache_cpu
+from minillm.layers.cpu_kernels import (cpu_kernels, linear_cpu, pack_weight, paged_decode_attention_cpu,
+                                        store_kvcache_cpu)
 from minillm.utils.context import Context, get_context
 
 
@@ -55,7 +57,11 @@ class TorchAttentionBackend:
 
     name = "torch"
     decode_rows = 16
-    linear = None  # the linear layers' matmul: None is F.linear (see CPUAttentionBackend)
+
+    def linear_kernel(self, weight: torch.Tensor):
+        """The matmul a linear layer (or the LM head) with this loaded weight runs instead of F.linear, called as
+        kernel(x, weight, bias); None keeps F.linear (see CPUAttentionBackend)."""
+        return None
 
     def store_kvcache(self, k, v, k_cache, v_cache, ctx: Context) -> None:
         if ctx.is_prefill:  # slot -1: a token whose key is in a cached prefix block already, skipped
@@ -92,14 +98,19 @@ class CPUAttentionBackend(TorchAttentionBackend):
     use), as vLLM's CPU backend has its own: float32 decode attention that reads each sequence's keys and values
     in place through its block table instead of copying them out first (2-9x faster than the chunked torch
     path), the store of each step's keys and values (one copy per token instead of indexed writes), and the
-    linear layers' matmuls for a few rows, which BLAS runs at a fraction of the memory bandwidth
-    (batch-1 decode of a 100M model: about 1.7x). Where the kernels cannot be built it is the torch backend."""
+    linear layers' matmuls: for one or two rows, which BLAS runs at a fraction of the memory bandwidth (batch-1
+    decode of a 100M model: about 1.7x), and for more on weights packed once at load (a second copy of each
+    weight), which BLAS repacks on every call. Where the kernels cannot be built it is the torch backend."""
 
     name = "cpu"
 
     def __init__(self):
         self.built = cpu_kernels()
-        self.linear = linear_cpu if self.built else None
+
+    def linear_kernel(self, weight: torch.Tensor):
+        if weight.is_cpu and weight.dtype == torch.float32 and self.built:
+            return functools.partial(linear_cpu, packed=pack_weight(weight))
+        return None
 
     def store_kvcache(self, k, v, k_cache, v_cache, ctx: Context) -> None:
         if k.is_cpu and self.built:

@@ -6,8 +6,9 @@
   block table, one task per (sequence, KV head) on all cores, with an online softmax over the blocks.
 - storing a step's keys and values into their cache slots (kv_cache_cpu.cpp): one copy per token, where the
   torch path's indexed writes cost more than the copy itself at small batches.
-- the matmul of a linear layer for few rows (linear_cpu.cpp): a decode step's matmuls at small batch are
-  matrix-vector products bound by memory bandwidth, where BLAS reads the weights at a fraction of it.
+- the matmuls of the linear layers (linear_cpu.cpp): for one or two rows (decode at batch 1 or 2) a
+  matrix-vector product bound by memory bandwidth, where BLAS reads the weights at a fraction of it; for more
+  rows a matrix-matrix product on the weight packed once into panels, where BLAS repacks it on every call.
 
 They are compiled together on first use by torch.utils.cpp_extension (a C++ compiler and ninja; -march=native,
 so built for this machine), once: the build is cached in torch's extensions directory. Where they cannot be
@@ -24,10 +25,10 @@ import torch.nn.functional as F
 
 SOURCES = [Path(__file__).parents[1] / "kernels" / "csrc" / name for name in
            ("paged_attention_cpu.cpp", "kv_cache_cpu.cpp", "linear_cpu.cpp")]
-# Up to how many rows the matmul kernel beats F.linear (MKL), measured on this 2-core AVX2 machine: always up to
-# 32; up to 64 for weights of 1M+ entries (4 MiB), which BLAS repacks on each call from memory. Past that, BLAS's
-# blocked matmul wins: it reuses each loaded weight for more rows than a register tile can.
-LINEAR_MAX_ROWS, LINEAR_MAX_ROWS_LARGE, LARGE_WEIGHT = 32, 64, 2**20
+# Up to how many rows the matrix-vector kernel runs; past that the packed matmul, which is faster from 3 or 4 rows
+# on (measured on this 2-core AVX2 machine, weights of 0.1-6M entries).
+LINEAR_MAX_ROWS = 2
+PANEL = 16  # output features per panel of a packed weight: two AVX2 vectors (the kernel's NR)
 
 
 @functools.cache
@@ -52,6 +53,7 @@ def cpu_kernels() -> bool:
     torch.library.register_fake("minillm_cpu::paged_decode_attention")(lambda q, *args: torch.empty_like(q))
     torch.library.register_fake("minillm_cpu::decode_attention")(lambda q, *args: torch.empty_like(q))
     torch.library.register_fake("minillm_cpu::linear")(lambda x, w, b: x.new_empty(x.shape[0], w.shape[0]))
+    torch.library.register_fake("minillm_cpu::linear_packed")(lambda x, packed, b, out: x.new_empty(x.shape[0], out))
     return True
 
 
@@ -71,12 +73,28 @@ def store_kvcache_cpu(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v
     torch.ops.minillm_cpu.store_kvcache(k, v, k_cache, v_cache, slot_mapping, is_prefill)
 
 
-def linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias): the C++ kernel for float32 CPU tensors where it is the faster (few rows of x,
-    its leading dimensions flattened: see LINEAR_MAX_ROWS), F.linear otherwise. Call `cpu_kernels()` first."""
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A linear layer's weight [out, in] as the matmul kernel reads it: [panels, in, PANEL], where panel p holds
+    output features p·PANEL .. p·PANEL + PANEL - 1 and, for each input feature, their PANEL weights side by side
+    (so a step over the inputs loads two whole vectors). Zero rows pad `out` to a multiple of PANEL. A copy."""
+    out, inputs = weight.shape
+    padded = F.pad(weight.detach(), (0, 0, 0, -out % PANEL))
+    return padded.view(-1, PANEL, inputs).transpose(1, 2).contiguous()
+
+
+def linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               packed: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) for float32 CPU tensors by the C++ kernels: for up to LINEAR_MAX_ROWS rows of x
+    (its leading dimensions flattened) the matrix-vector kernel on `weight`, for more the matmul on `packed`
+    (pack_weight(weight), made once when the layer is loaded); F.linear where neither applies. Call
+    `cpu_kernels()` first."""
     rows = x.reshape(-1, x.shape[-1])
-    limit = LINEAR_MAX_ROWS_LARGE if weight.numel() >= LARGE_WEIGHT else LINEAR_MAX_ROWS
-    if rows.shape[0] > limit or x.dtype != torch.float32 or not x.is_cpu:
+    if x.dtype != torch.float32 or not x.is_cpu:
         return F.linear(x, weight, bias)
-    y = torch.ops.minillm_cpu.linear(rows.contiguous(), weight.contiguous(), bias)
+    if rows.shape[0] <= LINEAR_MAX_ROWS:
+        y = torch.ops.minillm_cpu.linear(rows.contiguous(), weight.contiguous(), bias)
+    elif packed is not None:
+        y = torch.ops.minillm_cpu.linear_packed(rows.contiguous(), packed, bias, weight.shape[0])
+    else:
+        return F.linear(x, weight, bias)
     return y.view(*x.shape[:-1], weight.shape[0])

@@ -88,8 +88,8 @@ def copy_checked(dst: torch.Tensor, src: torch.Tensor, what: str, dim: int | Non
 class LinearBase(nn.Module):
     """y = x @ W.T (+ b), with a weight_loader on each parameter. `tp_dim` is the dimension of W that the
     tensor-parallel ranks split (0: output features, 1: input features, None: every rank holds all of W).
-    `kernel`, set by the model runner from its attention backend, replaces F.linear (the CPU backend's C++
-    matmul for few rows); None keeps F.linear."""
+    `kernel`, set by the model runner from its attention backend once the weights are loaded, replaces F.linear
+    (the CPU backend's C++ matmuls); None keeps F.linear."""
 
     kernel = None
 

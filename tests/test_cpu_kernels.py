@@ -6,7 +6,7 @@ import torch
 
 from minillm.layers import attention
 from minillm.layers.attention import CPUAttentionBackend, select_attention_backend
-from minillm.layers.cpu_kernels import (LINEAR_MAX_ROWS, LINEAR_MAX_ROWS_LARGE, cpu_kernels, linear_cpu,
+from minillm.layers.cpu_kernels import (LINEAR_MAX_ROWS, PANEL, cpu_kernels, linear_cpu, pack_weight,
                                         paged_decode_attention_cpu, store_kvcache_cpu)
 from minillm.layers.paged_attention import paged_decode_attention, store_decode_kvcache, store_kvcache
 from minillm.utils.context import Context
@@ -32,7 +32,7 @@ def random_batch(lens, block_size, heads, kv_heads, head_dim, seed=0):
 
 def counting(calls: list, kernel):
     """`kernel`, noting each call in `calls`."""
-    return lambda *args: calls.append(1) or kernel(*args)
+    return lambda *args, **kwargs: calls.append(1) or kernel(*args, **kwargs)
 
 
 LENS = {8: [1, 8, 9, 1030, 23], 16: [1, 16, 17, 1100, 40], 32: [1, 32, 33, 1031, 70],  # 1, a block, past it, long
@@ -124,7 +124,7 @@ def test_backend_takes_the_kernel_and_its_torch_path_without_it(monkeypatch):
     monkeypatch.setattr(attention, "cpu_kernels", lambda: False)  # not built: chunks of decode_rows in torch
     backend, calls[:] = CPUAttentionBackend(), []
     torch.testing.assert_close(backend.decode(q, k_cache, v_cache, ctx, 0.25), expected)
-    assert backend.linear is None and not calls
+    assert backend.linear_kernel(torch.randn(4, 4)) is None and not calls
 
 
 def test_a_failed_build_warns_once_and_returns_false(monkeypatch):
@@ -143,9 +143,10 @@ def test_default_model_on_the_kernel_equals_naive(monkeypatch):
     from minillm.naive import generate_naive
     from minillm.tokenizer import Tokenizer
 
-    calls, matmuls, stores = [], [], []
+    calls, matmuls, packed_matmuls, stores = [], [], [], []
     monkeypatch.setattr(attention, "paged_decode_attention_cpu", counting(calls, paged_decode_attention_cpu))
     monkeypatch.setattr(attention, "linear_cpu", counting(matmuls, linear_cpu))
+    monkeypatch.setattr(torch.ops.minillm_cpu, "linear_packed", counting(packed_matmuls, torch.ops.minillm_cpu.linear_packed))
     monkeypatch.setattr(attention, "store_kvcache_cpu", counting(stores, store_kvcache_cpu))
     path = default_model_path()
     tok, model = Tokenizer(path), build_model(path)
@@ -154,21 +155,55 @@ def test_default_model_on_the_kernel_equals_naive(monkeypatch):
     llm = LLM(kvcache_block_size=8)  # short blocks: contexts span several, scattered by the prefix cache's reuse
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=48), use_tqdm=False)
     assert [o.token_ids for o in outputs] == expected
-    assert calls and matmuls and stores
+    assert calls and matmuls and packed_matmuls and stores  # the prefill (and 5 sequences' decode) run packed
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, LINEAR_MAX_ROWS, LINEAR_MAX_ROWS + 1, LINEAR_MAX_ROWS_LARGE + 1])
-@pytest.mark.parametrize("in_features,out_features", [(768, 2048), (20, 67), (256, 1), (8, 130)],
-                         ids=["large", "partial-vector", "one-output", "short"])
+SHAPES = pytest.mark.parametrize("in_features,out_features", [(768, 2048), (20, 67), (256, 1), (8, 130)],
+                                 ids=["large", "partial-vector", "one-output", "short"])
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
+@SHAPES
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
-def test_linear_equals_f_linear(rows, in_features, out_features, bias):
+def test_matrix_vector_kernel_equals_f_linear(rows, in_features, out_features, bias):
     """Every group size of rows (1-4, and groups of 4 with a remainder), input widths that are and are not a
-    multiple of the vector width, output sizes that are not multiples of the register tile, past the row limit
-    of small weights, and past every limit (F.linear)."""
+    multiple of the vector width, output sizes that are not multiples of the register tile."""
     g = torch.Generator().manual_seed(rows * in_features + out_features)
     x, w = torch.randn(rows, in_features, generator=g), torch.randn(out_features, in_features, generator=g)
     b = torch.randn(out_features, generator=g) if bias else None
-    torch.testing.assert_close(linear_cpu(x, w, b), torch.nn.functional.linear(x, w, b), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.ops.minillm_cpu.linear(x, w, b), torch.nn.functional.linear(x, w, b),
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [1, LINEAR_MAX_ROWS, LINEAR_MAX_ROWS + 1, 6, 7, 13, 100, 301])
+@SHAPES
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_linear_equals_f_linear(rows, in_features, out_features, bias):
+    """linear_cpu with a packed weight: the matrix-vector kernel up to LINEAR_MAX_ROWS, the packed matmul past
+    it: whole and short register tiles (6 rows), a last panel with fewer than PANEL outputs, and rows split in
+    several chunks (301 rows of 768 inputs)."""
+    g = torch.Generator().manual_seed(rows * in_features + out_features)
+    x, w = torch.randn(rows, in_features, generator=g), torch.randn(out_features, in_features, generator=g)
+    b = torch.randn(out_features, generator=g) if bias else None
+    expected = torch.nn.functional.linear(x, w, b)
+    torch.testing.assert_close(linear_cpu(x, w, b, pack_weight(w)), expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(linear_cpu(x, w, b), expected, rtol=1e-4, atol=1e-4)  # unpacked: F.linear past the limit
+
+
+def test_pack_weight_lays_out_panels_of_output_features():
+    w = torch.arange(20 * 3, dtype=torch.float32).view(20, 3)  # 20 outputs: one whole panel and 4 of the next
+    packed = pack_weight(w)
+    assert packed.shape == (2, 3, PANEL) and packed.is_contiguous()
+    for p in range(2):
+        for k in range(3):
+            for j in range(PANEL):
+                out = p * PANEL + j
+                assert packed[p, k, j] == (w[out, k] if out < 20 else 0)
+
+
+def test_linear_packed_rejects_a_weight_not_packed():
+    with pytest.raises(RuntimeError, match="packed by cpu_kernels.pack_weight"):
+        torch.ops.minillm_cpu.linear_packed(torch.randn(4, 8), torch.randn(16, 8), None, 16)
 
 
 def test_linear_keeps_leading_dimensions_and_takes_strided_rows():

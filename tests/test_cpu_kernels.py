@@ -146,7 +146,8 @@ def test_default_model_on_the_kernel_equals_naive(monkeypatch):
     calls, matmuls, packed_matmuls, stores = [], [], [], []
     monkeypatch.setattr(attention, "paged_decode_attention_cpu", counting(calls, paged_decode_attention_cpu))
     monkeypatch.setattr(attention, "linear_cpu", counting(matmuls, linear_cpu))
-    monkeypatch.setattr(torch.ops.minillm_cpu, "linear_packed", counting(packed_matmuls, torch.ops.minillm_cpu.linear_packed))
+    packed_op = torch.ops.minillm_cpu.linear_packed
+    monkeypatch.setattr(torch.ops.minillm_cpu, "linear_packed", counting(packed_matmuls, packed_op))
     monkeypatch.setattr(attention, "store_kvcache_cpu", counting(stores, store_kvcache_cpu))
     path = default_model_path()
     tok, model = Tokenizer(path), build_model(path)

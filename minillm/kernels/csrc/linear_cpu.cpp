@@ -27,7 +27,6 @@
 #include <algorithm>
 #include <functional>
 #include <optional>
-#include <vector>
 
 namespace {
 
@@ -135,13 +134,10 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const st
               "linear_packed: bias must be a contiguous float32 [out]");
   const int64_t rows = x.size(0), in = x.size(1), panels = packed.size(0);
   auto y = at::empty({rows, out}, x.options());
-  std::vector<float> padded_bias;  // the last panel's bias read whole: zeros past `out`
-  if (bias) {
-    padded_bias.assign(panels * NR, 0.f);
-    std::copy(bias->data_ptr<float>(), bias->data_ptr<float>() + out, padded_bias.begin());
-  }
-  const float *xp = x.data_ptr<float>(), *wp = packed.data_ptr<float>(), *bp = bias ? padded_bias.data() : nullptr;
+  const float *xp = x.data_ptr<float>(), *wp = packed.data_ptr<float>(), *bp = bias ? bias->data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
+  float tail_bias[NR] = {};  // the last panel's bias when it holds fewer than NR outputs: zeros past `out`
+  if (bp && out % NR) std::copy(bp + out / NR * NR, bp + out, tail_bias);
   // Rows of x per task: whole tiles, about 256 KiB of x (it stays in the L2 cache while every panel passes over
   // it), the rows split evenly. Tasks are (row chunk, panel), panels inner: a thread's panels share its chunk.
   const int64_t fit = std::max<int64_t>(MR, (int64_t{1} << 16) / in / MR * MR);
@@ -159,9 +155,9 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const st
           xr[i] = xp + std::min(r + i, r1 - 1) * in;
           yr[i] = real ? yp + (r + i) * out + c : spare + i * NR;
         }
-        tile(xr, in, wp + p * in * NR, bp ? bp + c : nullptr, yr);
-        if (!whole)
-          for (int64_t i = 0; i < MR && r + i < r1; ++i) std::copy(spare + i * NR, spare + i * NR + out - c, yp + (r + i) * out + c);
+        tile(xr, in, wp + p * in * NR, !bp ? nullptr : whole ? bp + c : tail_bias, yr);
+        for (int64_t i = 0; !whole && i < MR && r + i < r1; ++i)
+          std::copy(spare + i * NR, spare + i * NR + out - c, yp + (r + i) * out + c);
       }
     }
   });

@@ -6,7 +6,7 @@ import torch
 
 from minillm.layers import attention
 from minillm.layers.attention import CPUAttentionBackend, select_attention_backend
-from minillm.layers.cpu_kernels import (LINEAR_MAX_ROWS, PANEL, cpu_kernels, linear_cpu, pack_weight,
+from minillm.layers.cpu_kernels import (LINEAR_MAX_ROWS, cpu_kernels, linear_cpu, pack_weight, panel_width,
                                         paged_decode_attention_cpu, store_kvcache_cpu)
 from minillm.layers.paged_attention import paged_decode_attention, store_decode_kvcache, store_kvcache
 from minillm.utils.context import Context
@@ -181,7 +181,7 @@ def test_matrix_vector_kernel_equals_f_linear(rows, in_features, out_features, b
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
 def test_linear_equals_f_linear(rows, in_features, out_features, bias):
     """linear_cpu with a packed weight: the matrix-vector kernel up to LINEAR_MAX_ROWS, the packed matmul past
-    it: whole and short register tiles (6 rows), a last panel with fewer than PANEL outputs, and rows split in
+    it: whole and short register tiles (6 rows), a last panel with fewer than panel_width() outputs, and rows split in
     several chunks (301 rows of 768 inputs)."""
     g = torch.Generator().manual_seed(rows * in_features + out_features)
     x, w = torch.randn(rows, in_features, generator=g), torch.randn(out_features, in_features, generator=g)
@@ -192,14 +192,17 @@ def test_linear_equals_f_linear(rows, in_features, out_features, bias):
 
 
 def test_pack_weight_lays_out_panels_of_output_features():
-    w = torch.arange(20 * 3, dtype=torch.float32).view(20, 3)  # 20 outputs: one whole panel and 4 of the next
+    panel = panel_width()  # two vectors of the instruction set the kernels were built for
+    assert panel in (16, 32)
+    n = panel + 4  # one whole panel and 4 outputs of the next
+    w = torch.arange(n * 3, dtype=torch.float32).view(n, 3)
     packed = pack_weight(w)
-    assert packed.shape == (2, 3, PANEL) and packed.is_contiguous()
+    assert packed.shape == (2, 3, panel) and packed.is_contiguous()
     for p in range(2):
         for k in range(3):
-            for j in range(PANEL):
-                out = p * PANEL + j
-                assert packed[p, k, j] == (w[out, k] if out < 20 else 0)
+            for j in range(panel):
+                out = p * panel + j
+                assert packed[p, k, j] == (w[out, k] if out < n else 0)
 
 
 def test_linear_packed_rejects_a_weight_not_packed():

@@ -28,7 +28,6 @@ SOURCES = [Path(__file__).parents[1] / "kernels" / "csrc" / name for name in
 # Up to how many rows the matrix-vector kernel runs; past that the packed matmul, which is faster from 3 or 4 rows
 # on (measured on this 2-core AVX2 machine, weights of 0.1-6M entries).
 LINEAR_MAX_ROWS = 2
-PANEL = 16  # output features per panel of a packed weight: two AVX2 vectors (the kernel's NR)
 
 
 @functools.cache
@@ -73,13 +72,21 @@ def store_kvcache_cpu(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v
     torch.ops.minillm_cpu.store_kvcache(k, v, k_cache, v_cache, slot_mapping, is_prefill)
 
 
+@functools.cache
+def panel_width() -> int:
+    """Output features per panel of a packed weight: the kernel's NR, two vectors of the instruction set it was
+    built for (16 floats with AVX2, 32 with AVX-512). Call `cpu_kernels()` first."""
+    return torch.ops.minillm_cpu.panel_width()
+
+
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """A linear layer's weight [out, in] as the matmul kernel reads it: [panels, in, PANEL], where panel p holds
-    output features p·PANEL .. p·PANEL + PANEL - 1 and, for each input feature, their PANEL weights side by side
-    (so a step over the inputs loads two whole vectors). Zero rows pad `out` to a multiple of PANEL. A copy."""
+    """A linear layer's weight [out, in] as the matmul kernel reads it: [panels, in, P] with P = panel_width(),
+    where panel p holds output features p·P .. p·P + P - 1 and, for each input feature, their P weights side by
+    side (so a step over the inputs loads two whole vectors). Zero rows pad `out` to a multiple of P. A copy."""
     out, inputs = weight.shape
-    padded = F.pad(weight.detach(), (0, 0, 0, -out % PANEL))
-    return padded.view(-1, PANEL, inputs).transpose(1, 2).contiguous()
+    panel = panel_width()
+    padded = F.pad(weight.detach(), (0, 0, 0, -out % panel))
+    return padded.view(-1, panel, inputs).transpose(1, 2).contiguous()
 
 
 def linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -94,7 +94,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<
   return y;
 }
 
-constexpr int64_t NR = 2 * Vec::size();  // output features per panel: two vectors (16 floats with AVX2)
+constexpr int64_t NR = 2 * Vec::size();  // output features per panel: two vectors (16 floats with AVX2, 32 with AVX-512)
 constexpr int64_t MR = 6;                 // rows of x per register tile: 6 × 2 sums + 2 weights + 1 input ≤ 16
 
 // y[i][0..NR) = x_i · panel (+ bias) for the MR rows x_0 .. x_5 of x (pointers: a short tile repeats its last row)
@@ -164,11 +164,14 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const st
   return y;
 }
 
+int64_t panel_width() { return NR; }
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(minillm_cpu, m) {
   m.def("linear(Tensor x, Tensor w, Tensor? bias) -> Tensor");
   m.def("linear_packed(Tensor x, Tensor packed, Tensor? bias, int out) -> Tensor");
+  m.def("panel_width() -> int", &panel_width);  // NR: pack_weight lays weights out for the vectors built here
 }
 
 TORCH_LIBRARY_IMPL(minillm_cpu, CPU, m) {

@@ -247,10 +247,10 @@ def test_show_gives_a_triton_kernels_python_source_with_its_exercise_as_a_stub()
 def test_show_cpp_gives_a_kernel_function_with_its_comment_and_template_lines():
     from minillm.course import show_cpp
 
-    source = show_cpp("linear_cpu.cpp", "dot_rows")
+    source = show_cpp("linear_cpu.cpp", "stream")
     lines = repr(source).splitlines()
     assert lines[0].startswith("# minillm/kernels/csrc/linear_cpu.cpp, lines ")
-    assert lines[1].startswith("// y[b][r] = x[b]") and lines[2] == "template <int B, int R>" and lines[-1] == "}"
+    assert lines[1].startswith("// y[b] = x[b] @ panels") and lines[4] == "template <int B>" and lines[-1] == "}"
     assert sum(line.startswith("void ") for line in lines) == 1  # this one function, not the next
     assert "<span" in source._repr_html_()
     with pytest.raises(ValueError, match="no function 'no_such_function' is defined in minillm/kernels/csrc/linear_cpu"):

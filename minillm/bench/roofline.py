@@ -14,7 +14,7 @@ from minillm.bench.backends import Models, run_minillm
 from minillm.bench.models import num_parameters
 from minillm.config import Config, ModelConfig
 from minillm.engine.kv_cache import kv_cache_bytes_per_token
-from minillm.layers.cpu_kernels import cpu_kernels, linear_cpu, pack_weight
+from minillm.layers.cpu_kernels import cpu_kernels, empty_packed, linear_cpu, pack_weight
 
 
 def best_seconds(fn, repeats: int) -> float:
@@ -32,15 +32,17 @@ def best_seconds(fn, repeats: int) -> float:
 def memory_bandwidth(nbytes: int = 2**30, repeats: int = 5) -> dict:
     """GB/s streaming an fp32 array of nbytes, best of several: read by a sum, read as a matrix by a
     matrix-vector product (the CPU backend's matmul kernel, where it is built: the fastest read found here), and
-    copied (read + write). The fastest of them, gb_s, is the ceiling decode is measured against."""
+    copied (read + write). The fastest of them, gb_s, is the ceiling decode is measured against. The matrix is a
+    packed weight, in 2 MiB pages, as the engine's are."""
     a = torch.ones(nbytes // 4)
     b = torch.empty_like(a)
     result = dict(array_bytes=nbytes, read_gb_s=nbytes / best_seconds(a.sum, repeats) / 1e9,
                   copy_gb_s=2 * nbytes / best_seconds(lambda: b.copy_(a), repeats) / 1e9)
     if cpu_kernels():
-        w = a[:a.numel() // 4096 * 4096].view(-1, 4096)
+        out = nbytes // 4 // 4096
+        w, packed = a[:out * 4096].view(out, 4096), empty_packed(out, 4096).fill_(1.0)
         x = torch.ones(1, 4096)
-        result["matvec_gb_s"] = w.numel() * 4 / best_seconds(lambda: linear_cpu(x, w), repeats) / 1e9
+        result["matvec_gb_s"] = packed.numel() * 4 / best_seconds(lambda: linear_cpu(x, w, None, packed), repeats) / 1e9
     return result | dict(gb_s=max(v for name, v in result.items() if name.endswith("_gb_s")))
 
 

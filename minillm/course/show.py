@@ -3,7 +3,7 @@
     show(rms_norm)                  the function as minillm has it now, syntax highlighted
     show(RMSNorm.forward)           a method; show(minillm.layers.rms_norm) a whole module
     show(rms_norm, solution=True)   exercise bodies revealed (by default they are replaced by their stubs)
-    show_cpp("linear_cpu.cpp", "dot_rows")   a function of the C++ kernels in minillm/kernels/csrc
+    show_cpp("linear_cpu.cpp", "stream")   a function of the C++ kernels in minillm/kernels/csrc
 """
 import html
 import inspect

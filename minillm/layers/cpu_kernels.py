@@ -6,9 +6,10 @@
   block table, one task per (sequence, KV head) on all cores, with an online softmax over the blocks.
 - storing a step's keys and values into their cache slots (kv_cache_cpu.cpp): one copy per token, where the
   torch path's indexed writes cost more than the copy itself at small batches.
-- the matmuls of the linear layers (linear_cpu.cpp): for one or two rows (decode at batch 1 or 2) a
-  matrix-vector product bound by memory bandwidth, where BLAS reads the weights at a fraction of it; for more
-  rows a matrix-matrix product on the weight packed once into panels, where BLAS repacks it on every call.
+- the matmuls of the linear layers (linear_cpu.cpp), on a weight packed once into panels of output features:
+  for one or two rows (decode at batch 1 or 2) a matrix-vector product bound by memory bandwidth, where BLAS
+  reads the weights at a fraction of it; for more rows a matrix-matrix product, where BLAS repacks the weight on
+  every call.
 
 They are compiled together on first use by torch.utils.cpp_extension (a C++ compiler and ninja; -march=native,
 so built for this machine), once: the build is cached in torch's extensions directory. Where they cannot be
@@ -25,9 +26,6 @@ import torch.nn.functional as F
 
 SOURCES = [Path(__file__).parents[1] / "kernels" / "csrc" / name for name in
            ("paged_attention_cpu.cpp", "kv_cache_cpu.cpp", "linear_cpu.cpp")]
-# Up to how many rows the matrix-vector kernel runs; past that the packed matmul, which is faster from 3 or 4 rows
-# on (measured on this 2-core AVX2 machine, weights of 0.1-6M entries).
-LINEAR_MAX_ROWS = 2
 
 
 @functools.cache
@@ -51,8 +49,7 @@ def cpu_kernels() -> bool:
         return False
     torch.library.register_fake("minillm_cpu::paged_decode_attention")(lambda q, *args: torch.empty_like(q))
     torch.library.register_fake("minillm_cpu::decode_attention")(lambda q, *args: torch.empty_like(q))
-    torch.library.register_fake("minillm_cpu::linear")(lambda x, w, b: x.new_empty(x.shape[0], w.shape[0]))
-    torch.library.register_fake("minillm_cpu::linear_packed")(lambda x, packed, b, out: x.new_empty(x.shape[0], out))
+    torch.library.register_fake("minillm_cpu::linear")(lambda x, packed, b, out: x.new_empty(x.shape[0], out))
     return True
 
 
@@ -82,26 +79,29 @@ def panel_width() -> int:
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     """A linear layer's weight [out, in] as the matmul kernel reads it: [panels, in, P] with P = panel_width(),
     where panel p holds output features p·P .. p·P + P - 1 and, for each input feature, their P weights side by
-    side (so a step over the inputs loads two whole vectors). Zero rows pad `out` to a multiple of P. A copy."""
+    side (so a step over the inputs loads two whole vectors). Zero rows pad `out` to a multiple of P. A copy, in
+    memory of its own backed by 2 MiB pages where the OS allows: a decode step streams every weight, and 4 KiB
+    pages would cost a TLB miss every 4 KiB of it."""
     out, inputs = weight.shape
     panel = panel_width()
     padded = F.pad(weight.detach(), (0, 0, 0, -out % panel))
-    return padded.view(-1, panel, inputs).transpose(1, 2).contiguous()
+    return empty_packed(out, inputs).copy_(padded.view(-1, panel, inputs).transpose(1, 2))
+
+
+def empty_packed(out: int, inputs: int) -> torch.Tensor:
+    """An uninitialised packed weight for `out` output features of `inputs` inputs, [ceil(out / P), inputs, P]
+    (P = panel_width()), in a mapping of its own that the OS is asked to back by 2 MiB pages."""
+    panel = panel_width()
+    return torch.ops.minillm_cpu.empty_pages([-(-out // panel), inputs, panel])
 
 
 def linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                packed: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias) for float32 CPU tensors by the C++ kernels: for up to LINEAR_MAX_ROWS rows of x
-    (its leading dimensions flattened) the matrix-vector kernel on `weight`, for more the matmul on `packed`
-    (pack_weight(weight), made once when the layer is loaded); F.linear where neither applies. Call
-    `cpu_kernels()` first."""
-    rows = x.reshape(-1, x.shape[-1])
-    if x.dtype != torch.float32 or not x.is_cpu:
+    """F.linear(x, weight, bias) for float32 CPU tensors by the C++ kernel on `packed` (pack_weight(weight), made
+    once when the layer is loaded): a matrix-vector product for one or two rows of x (its leading dimensions
+    flattened), a register-tiled matmul for more. F.linear where there is no packed weight. Call `cpu_kernels()`
+    first."""
+    if packed is None or x.dtype != torch.float32 or not x.is_cpu:
         return F.linear(x, weight, bias)
-    if rows.shape[0] <= LINEAR_MAX_ROWS:
-        y = torch.ops.minillm_cpu.linear(rows.contiguous(), weight.contiguous(), bias)
-    elif packed is not None:
-        y = torch.ops.minillm_cpu.linear_packed(rows.contiguous(), packed, bias, weight.shape[0])
-    else:
-        return F.linear(x, weight, bias)
+    y = torch.ops.minillm_cpu.linear(x.reshape(-1, x.shape[-1]).contiguous(), packed, bias, weight.shape[0])
     return y.view(*x.shape[:-1], weight.shape[0])

@@ -79,7 +79,8 @@ def test_rotated_scores_depend_only_on_the_distance(impl):
         angles = (position * inv_freq)[None]
         return impl.apply_rotary(x, angles.cos(), angles.sin())
 
-    close((at(q, 7) * at(k, 3)).sum(), (at(q, 104) * at(k, 100)).sum())
+    # float32 angles at position 104 carry rounding the ones at 7 do not: up to ~3e-5 on these sums of 32 products
+    close((at(q, 7) * at(k, 3)).sum(), (at(q, 104) * at(k, 100)).sum(), rtol=1e-5, atol=1e-4)
 
 
 # 03.3 causal grouped-query attention

@@ -1,100 +1,88 @@
-// y = x @ wᵀ (+ bias): the matmuls of the linear layers on the CPU, in two kernels.
+// y = x @ wᵀ (+ bias): the matmuls of the linear layers on the CPU, on a weight packed once at load.
 //
-// 1. `linear`, for one or two rows of x (a decode step at batch 1 or 2): a matrix-vector product.
-// At batch 1 a linear layer is a matrix-vector product: every weight is read once from memory and used for
-// one multiply-add, so the speed is the memory's. BLAS libraries tune for big products; for a handful of rows
-// they pack or split the weight in ways that read it at a fraction of the bandwidth (measured here: MKL's
-// sgemm through F.linear at 8-10 GB/s for one row, 3-5 GB/s for 2-8 rows, against ~22 GB/s the memory gives).
-// This kernel streams each weight row once per group of up to 4 rows of x, with R weight rows in flight and
-// R·B accumulators in registers (AVX2 has 16): the weight leaves memory once and is reused from registers by
-// every row of x in the group, and from the L2 cache by the next group (the output features are walked in
-// tiles of TILE rows). Output features are split across the threads of at::parallel_for.
+// The weight [out, in] is laid out in panels of NR output features, [out / NR, in, NR] (cpu_kernels.pack_weight):
+// for each input feature, the NR weights of a panel sit side by side, two vectors. Two kernels read it:
 //
-// 2. `linear_packed`, for more rows: a matrix-matrix product bound by FLOP/s, on a weight packed once at load
-// into panels of NR output features, [out / NR, in, NR] (cpu_kernels.pack_weight). A register tile of MR rows of
-// x by one panel keeps MR × 2 vectors of sums in registers; each step over the inputs loads the panel's NR weights
-// once (two vectors, consecutive in memory) for MR rows and broadcasts one float of each row. BLAS libraries
-// (MKL behind F.linear) repack the weight on every call, which at decode batch sizes costs as much as the
-// product: measured on this 2-core machine, 1.2-2x faster than F.linear at 16-128 rows, and on par or faster
-// for prefill chunks of thousands. This is the kernel llama.cpp's sgemm and oneDNN's packed weights are about.
+// 1. `stream`, for one or two rows of x (a decode step at batch 1 or 2): a matrix-vector product. Every weight is
+// read once from memory for one multiply-add per row, so the speed is the memory's, and a thread's panels are one
+// contiguous stream of bytes: the easiest read there is for the hardware prefetcher, helped along by a software
+// prefetch a few KiB ahead. The packed weights live in 2 MiB pages (cpu_kernels.pack_weight), so a stream of
+// hundreds of MB needs a few hundred TLB entries, not a hundred thousand. BLAS libraries tune for big products;
+// for a handful of rows they read the weight at a fraction of the bandwidth (measured here: MKL's sgemm through
+// F.linear at 8-10 GB/s for one row, against ~22 GB/s the memory gives).
+//
+// 2. `tile`, for more rows: a matrix-matrix product bound by FLOP/s. A register tile of MR rows of x by one panel
+// keeps MR × 2 vectors of sums in registers; each step over the inputs loads the panel's NR weights once (two
+// vectors, consecutive in memory) for MR rows and broadcasts one float of each row. BLAS libraries (MKL behind
+// F.linear) repack the weight on every call, which at decode batch sizes costs as much as the product: measured on
+// a 2-core machine, 1.2-2x faster than F.linear at 16-128 rows, and on par or faster for prefill chunks of
+// thousands. This is the kernel llama.cpp's sgemm and oneDNN's packed weights are about.
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/util/accumulate.h>
+#include <sys/mman.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <functional>
 #include <optional>
 
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
-constexpr int64_t TILE = 64;  // weight rows per tile: 64 rows of ≤ 4096 floats stay in a 1 MiB L2 cache
-
-// y[b][r] = x[b] · w[r] (+ bias[r]) for B rows of x and the weight rows r0 ≤ r < r1, R of them at a time.
-template <int B, int R>
-void dot_rows(const float* x, int64_t in, const float* w, const float* bias, int64_t r0, int64_t r1, float* y,
-              int64_t out) {
-  int64_t r = r0;
-  for (; r + R <= r1; r += R) {
-    Vec acc[R][B];
-    for (int i = 0; i < R; ++i)
-      for (int b = 0; b < B; ++b) acc[i][b] = Vec(0.f);
-    int64_t c = 0;
-    for (; c + Vec::size() <= in; c += Vec::size()) {
-      Vec xv[B];
-      for (int b = 0; b < B; ++b) xv[b] = Vec::loadu(x + b * in + c);
-      for (int i = 0; i < R; ++i) {
-        const Vec wv = Vec::loadu(w + (r + i) * in + c);
-        for (int b = 0; b < B; ++b) acc[i][b] = at::vec::fmadd(wv, xv[b], acc[i][b]);
-      }
-    }
-    for (int i = 0; i < R; ++i)
-      for (int b = 0; b < B; ++b) {
-        float s = at::vec::vec_reduce_all<float>(std::plus<Vec>(), acc[i][b]);
-        for (int64_t k = c; k < in; ++k) s += w[(r + i) * in + k] * x[b * in + k];  // in not a multiple of 8
-        y[b * out + r + i] = bias ? s + bias[r + i] : s;
-      }
-  }
-  if (r < r1) dot_rows<B, 1>(x, in, w, bias, r, r1, y, out);  // the last rows of an odd-sized range
-}
-
-// The register tile for a group of B rows of x: R·B accumulators + B inputs + 1 weight vector ≤ 16 registers.
-template <int B>
-void dot_tile(const float* x, int64_t in, const float* w, const float* bias, int64_t r0, int64_t r1, float* y,
-              int64_t out) {
-  constexpr int R = B == 1 ? 8 : B == 2 ? 4 : 2;
-  dot_rows<B, R>(x, in, w, bias, r0, r1, y, out);
-}
-
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat,
-              "linear_cpu takes float32 CPU tensors, got x ", x.scalar_type(), " on ", x.device(), " and w ",
-              w.scalar_type());
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1) && x.is_contiguous() && w.is_contiguous(),
-              "linear_cpu: x [rows, in] and w [out, in], both contiguous, got ", x.sizes(), " and ", w.sizes());
-  TORCH_CHECK(!bias || (bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == w.size(0)),
-              "linear_cpu: bias must be a contiguous float32 [out]");
-  const int64_t rows = x.size(0), in = x.size(1), out = w.size(0);
-  auto y = at::empty({rows, out}, x.options());
-  const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>(), *bp = bias ? bias->data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
-  at::parallel_for(0, (out + TILE - 1) / TILE, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t r0 = t * TILE, r1 = std::min(out, r0 + TILE);
-      for (int64_t b = 0; b < rows; b += 4) {  // groups of 4 rows of x reuse the tile from the L2 cache
-        const auto group = std::min<int64_t>(4, rows - b);
-        const auto run = group == 1 ? dot_tile<1> : group == 2 ? dot_tile<2> : group == 3 ? dot_tile<3> : dot_tile<4>;
-        run(xp + b * in, in, wp, bp, r0, r1, yp + b * out, out);
-      }
-    }
-  });
-  return y;
-}
-
 constexpr int64_t NR = 2 * Vec::size();  // output features per panel: two vectors (16 floats with AVX2, 32 with AVX-512)
+constexpr int64_t STREAM_ROWS = 2;       // up to how many rows of x `stream` runs; `tile` is faster from 3 or 4 on
+constexpr int64_t PREFETCH = 2048;       // bytes ahead of the reads a stream asks the cache for
+
+// y[b][c..c+NR) = the NR outputs of a panel for rows b < B of x, with a short last panel (out - c < NR) through a
+// scratch row: sums s[b][0..1] plus the bias.
+template <int B>
+void store_panel(const Vec (&s)[B][2], const float* bias, int64_t c, int64_t out, float* y) {
+  const int64_t n = std::min(NR, out - c);
+  for (int b = 0; b < B; ++b) {
+    float row[NR];
+    s[b][0].store(row);
+    s[b][1].store(row + Vec::size());
+    for (int64_t j = 0; j < n; ++j) y[b * out + c + j] = bias ? row[j] + bias[c + j] : row[j];
+  }
+}
+
+// y[b] = x[b] @ panelsᵀ (+ bias) for B (1 or 2) rows of x and the panels p0 ≤ p < p1. Each step takes U inputs with
+// their own sums (U × B × 2 independent multiply-add chains hide the FMA latency), and prefetches what is read
+// PREFETCH bytes later.
+template <int B>
+void stream(const float* x, int64_t in, const float* w, const float* bias, int64_t p0, int64_t p1, float* y,
+            int64_t out) {
+  constexpr int U = 4 / B;
+  for (int64_t p = p0; p < p1; ++p) {
+    const float* panel = w + p * in * NR;
+    Vec s[U][B][2];
+    for (int u = 0; u < U; ++u)
+      for (int b = 0; b < B; ++b) s[u][b][0] = s[u][b][1] = Vec(0.f);
+    int64_t k = 0;
+    const auto step = [&](int u, int64_t k, const float* wk) {
+      const Vec w0 = Vec::loadu(wk), w1 = Vec::loadu(wk + Vec::size());
+      for (int b = 0; b < B; ++b) {
+        const Vec a(x[b * in + k]);
+        s[u][b][0] = at::vec::fmadd(a, w0, s[u][b][0]);
+        s[u][b][1] = at::vec::fmadd(a, w1, s[u][b][1]);
+      }
+    };
+    for (; k + U <= in; k += U, panel += U * NR) {
+      for (int64_t line = 0; line < U * NR * 4; line += 64)
+        __builtin_prefetch(reinterpret_cast<const char*>(panel) + PREFETCH + line);
+      for (int u = 0; u < U; ++u) step(u, k + u, panel + u * NR);
+    }
+    for (; k < in; ++k, panel += NR) step(0, k, panel);
+    for (int u = 1; u < U; ++u)
+      for (int b = 0; b < B; ++b) s[0][b][0] = s[0][b][0] + s[u][b][0], s[0][b][1] = s[0][b][1] + s[u][b][1];
+    store_panel<B>(s[0], bias, p * NR, out, y);
+  }
+}
+
 constexpr int64_t MR = 6;                 // rows of x per register tile: 6 × 2 sums + 2 weights + 1 input ≤ 16
 
 // y[i][0..NR) = x_i · panel (+ bias) for the MR rows x_0 .. x_5 of x (pointers: a short tile repeats its last row)
@@ -121,21 +109,28 @@ void tile(const float* const* x, int64_t in, const float* panel, const float* bi
       store(y[5], c50, c51);
 }
 
-at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                         int64_t out) {
+// y = x @ wᵀ (+ bias) for x [rows, in] and w packed by pack_weight: `stream` up to STREAM_ROWS rows, `tile` past it.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias, int64_t out) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && packed.scalar_type() == at::kFloat,
-              "linear_packed takes float32 CPU tensors, got x ", x.scalar_type(), " on ", x.device(), " and a ",
+              "linear_cpu takes float32 CPU tensors, got x ", x.scalar_type(), " on ", x.device(), " and a ",
               packed.scalar_type(), " weight");
   TORCH_CHECK(x.dim() == 2 && packed.dim() == 3 && packed.size(1) == x.size(1) && packed.size(2) == NR &&
                   packed.size(0) * NR >= out && x.is_contiguous() && packed.is_contiguous(),
-              "linear_packed: x [rows, in] contiguous and a weight packed by cpu_kernels.pack_weight, [out / ", NR,
+              "linear_cpu: x [rows, in] contiguous and a weight packed by cpu_kernels.pack_weight, [out / ", NR,
               ", in, ", NR, "], got ", x.sizes(), " and ", packed.sizes());
   TORCH_CHECK(!bias || (bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == out),
-              "linear_packed: bias must be a contiguous float32 [out]");
+              "linear_cpu: bias must be a contiguous float32 [out]");
   const int64_t rows = x.size(0), in = x.size(1), panels = packed.size(0);
   auto y = at::empty({rows, out}, x.options());
   const float *xp = x.data_ptr<float>(), *wp = packed.data_ptr<float>(), *bp = bias ? bias->data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
+  if (rows == 0) return y;  // a chunked prefill's step that samples nothing asks the LM head for no rows
+  if (rows <= STREAM_ROWS) {  // the panels split in one contiguous run per thread
+    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+      (rows == 1 ? stream<1> : stream<2>)(xp, in, wp, bp, p0, p1, yp, out);
+    });
+    return y;
+  }
   float tail_bias[NR] = {};  // the last panel's bias when it holds fewer than NR outputs: zeros past `out`
   if (bp && out % NR) std::copy(bp + out / NR * NR, bp + out, tail_bias);
   // Rows of x per task: whole tiles, about 256 KiB of x (it stays in the L2 cache while every panel passes over
@@ -164,17 +159,30 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const st
   return y;
 }
 
+// An uninitialised float32 tensor in a mapping of its own that starts on a 2 MiB boundary, with the OS advised to
+// back it by transparent huge pages (where they are off, or on other systems, it gets ordinary 4 KiB pages).
+at::Tensor empty_pages(at::IntArrayRef sizes) {
+  constexpr uintptr_t HUGE = uintptr_t{2} << 20;
+  const size_t bytes = std::max<int64_t>(c10::multiply_integers(sizes), 1) * sizeof(float), mapped = bytes + HUGE;
+  void* base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  TORCH_CHECK(base != MAP_FAILED, "empty_pages: could not map ", bytes, " bytes for a packed weight");
+  void* data = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(base) + HUGE - 1) & ~(HUGE - 1));
+#ifdef MADV_HUGEPAGE
+  madvise(data, bytes, MADV_HUGEPAGE);
+#endif
+  return at::from_blob(data, sizes, [base, mapped](void*) { munmap(base, mapped); }, at::TensorOptions(at::kFloat));
+}
+
 int64_t panel_width() { return NR; }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(minillm_cpu, m) {
-  m.def("linear(Tensor x, Tensor w, Tensor? bias) -> Tensor");
-  m.def("linear_packed(Tensor x, Tensor packed, Tensor? bias, int out) -> Tensor");
+  m.def("linear(Tensor x, Tensor packed, Tensor? bias, int out) -> Tensor");
+  m.def("empty_pages(int[] sizes) -> Tensor", &empty_pages);
   m.def("panel_width() -> int", &panel_width);  // NR: pack_weight lays weights out for the vectors built here
 }
 
 TORCH_LIBRARY_IMPL(minillm_cpu, CPU, m) {
   m.impl("linear", &linear);
-  m.impl("linear_packed", &linear_packed);
 }

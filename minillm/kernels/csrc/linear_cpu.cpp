@@ -25,6 +25,7 @@
 #include <ATen/ops/from_blob.h>
 #include <c10/util/accumulate.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -36,6 +37,8 @@ using Vec = at::vec::Vectorized<float>;
 constexpr int64_t NR = 2 * Vec::size();  // output features per panel: two vectors (16 floats with AVX2, 32 with AVX-512)
 constexpr int64_t STREAM_ROWS = 2;       // up to how many rows of x `stream` runs; `tile` is faster from 3 or 4 on
 constexpr int64_t PREFETCH = 2048;       // bytes ahead of the reads a stream asks the cache for
+// Bytes of x a task of `tile` works on: half the L2 cache (the other half holds its panel and the next one).
+const int64_t X_BYTES = std::max<int64_t>(sysconf(_SC_LEVEL2_CACHE_SIZE), 512 << 10) / 2;
 
 // y[b][c..c+NR) = the NR outputs of a panel for rows b < B of x, with a short last panel (out - c < NR) through a
 // scratch row: sums s[b][0..1] plus the bias.
@@ -87,11 +90,15 @@ constexpr int64_t MR = 6;                 // rows of x per register tile: 6 × 2
 
 // y[i][0..NR) = x_i · panel (+ bias) for the MR rows x_0 .. x_5 of x (pointers: a short tile repeats its last row)
 // and one panel [in][NR]. The 12 sums are named variables, not an array: the compiler keeps them in registers.
-void tile(const float* const* x, int64_t in, const float* panel, const float* bias, float* const* y) {
+// `next`, if given, is the panel to fetch into the cache meanwhile, one step of it per step of this one.
+void tile(const float* const* x, int64_t in, const float* panel, const float* bias, float* const* y,
+          const float* next) {
   Vec c00(0.f), c01(0.f), c10(0.f), c11(0.f), c20(0.f), c21(0.f), c30(0.f), c31(0.f), c40(0.f), c41(0.f),
       c50(0.f), c51(0.f);
   const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3], *x4 = x[4], *x5 = x[5];
   for (int64_t k = 0; k < in; ++k, panel += NR) {
+    if (next)
+      for (int64_t line = 0; line < NR * 4; line += 64) __builtin_prefetch(reinterpret_cast<const char*>(next + k * NR) + line);
     const Vec w0 = Vec::loadu(panel), w1 = Vec::loadu(panel + Vec::size());
     const auto row = [&](const float* xi, Vec& s0, Vec& s1) {
       const Vec a(xi[k]);
@@ -133,9 +140,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::opti
   }
   float tail_bias[NR] = {};  // the last panel's bias when it holds fewer than NR outputs: zeros past `out`
   if (bp && out % NR) std::copy(bp + out / NR * NR, bp + out, tail_bias);
-  // Rows of x per task: whole tiles, about 256 KiB of x (it stays in the L2 cache while every panel passes over
+  // Rows of x per task: whole tiles, up to half the L2 cache of x (it stays there while every panel passes over
   // it), the rows split evenly. Tasks are (row chunk, panel), panels inner: a thread's panels share its chunk.
-  const int64_t fit = std::max<int64_t>(MR, (int64_t{1} << 16) / in / MR * MR);
+  const int64_t fit = std::max<int64_t>(MR, X_BYTES / 4 / in / MR * MR);
   const int64_t chunks = (rows + fit - 1) / fit, chunk = ((rows + chunks - 1) / chunks + MR - 1) / MR * MR;
   at::parallel_for(0, chunks * panels, 1, [&](int64_t t0, int64_t t1) {
     float spare[MR * NR];  // the output of a tile's padded rows or columns, thrown away
@@ -150,7 +157,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::opti
           xr[i] = xp + std::min(r + i, r1 - 1) * in;
           yr[i] = real ? yp + (r + i) * out + c : spare + i * NR;
         }
-        tile(xr, in, wp + p * in * NR, !bp ? nullptr : whole ? bp + c : tail_bias, yr);
+        const float* next = r == r0 && t + 1 < t1 ? wp + (t + 1) % panels * in * NR : nullptr;  // the next task's
+        tile(xr, in, wp + p * in * NR, !bp ? nullptr : whole ? bp + c : tail_bias, yr, next);
         for (int64_t i = 0; !whole && i < MR && r + i < r1; ++i)
           std::copy(spare + i * NR, spare + i * NR + out - c, yp + (r + i) * out + c);
       }

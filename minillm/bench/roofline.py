@@ -105,7 +105,7 @@ def run(path, engine_options: dict, pool: list[int], args) -> dict:
           f"parameters = {many['flops'] / 1e9:.1f} GFLOP/s, {many['fraction_of_matmul_flops']:.0%} of the matmul's")
     record = dict(roofline=dict(memory_bandwidth=bandwidth, matmul=matmul, num_parameters=params,
                                 batch_1=one, batched=many))
-    if getattr(args, "peer", None) == "llama-cpp":  # a warm-up prompt, then 3: medians of 3
-        prompts = workloads.fixed(4, args.input_len, args.output_len, pool, args.seed + 2).prompts
+    if getattr(args, "peer", None) == "llama-cpp":  # a warm-up prompt, then 5: medians of 5
+        prompts = workloads.fixed(6, args.input_len, args.output_len, pool, args.seed + 2).prompts
         record |= llamacpp.compare(path, models.compiled_engine, prompts, args.output_len)
     return record

@@ -18,7 +18,7 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
-#if defined(CPU_CAPABILITY_AVX2)
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
 #include <immintrin.h>
 #endif
 
@@ -43,14 +43,26 @@ inline void prefetch(const float* k, const float* v, int64_t n, int64_t token_st
     }
 }
 
-// The sums of 8 vectors' lanes, as one vector: {sum(v[0]), ..., sum(v[7])}. With AVX2, three rounds of pairwise
-// adds (8 instructions for 8 sums) instead of one full horizontal reduction per vector.
-inline void reduce8(const Vec* v, float* out) {
-#if defined(CPU_CAPABILITY_AVX2)
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+// {sum(v[0]), ..., sum(v[7])} for 8 AVX2 vectors: three rounds of pairwise adds (8 instructions for 8 sums).
+inline void reduce8(const __m256* v, float* out) {
   const __m256 a = _mm256_hadd_ps(v[0], v[1]), b = _mm256_hadd_ps(v[2], v[3]);
   const __m256 c = _mm256_hadd_ps(v[4], v[5]), d = _mm256_hadd_ps(v[6], v[7]);
   const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);  // each 128-bit half: 4 partial sums
   _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31)));
+}
+#endif
+
+// The sums of 8 vectors' lanes, as one vector: {sum(v[0]), ..., sum(v[7])}, in a few rounds of pairwise adds
+// instead of one full horizontal reduction per vector (AVX-512 first adds each vector's two halves).
+inline void reduce8(const Vec* v, float* out) {
+#if defined(CPU_CAPABILITY_AVX2)
+  const __m256 h[8] = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
+  reduce8(h, out);
+#elif defined(CPU_CAPABILITY_AVX512)
+  __m256 h[8];
+  for (int i = 0; i < 8; ++i) h[i] = _mm256_add_ps(_mm512_castps512_ps256(v[i]), _mm512_extractf32x8_ps(v[i], 1));
+  reduce8(h, out);
 #else
   for (int i = 0; i < 8; ++i) out[i] = at::vec::vec_reduce_all<float>(std::plus<Vec>(), v[i]);
 #endif

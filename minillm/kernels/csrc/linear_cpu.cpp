@@ -34,11 +34,19 @@
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
-constexpr int64_t NR = 2 * Vec::size();  // output features per panel: two vectors (16 floats with AVX2, 32 with AVX-512)
+constexpr int64_t NR = 2 * Vec::size();  // outputs per panel: two vectors (16 floats with AVX2, 32 with AVX-512)
 constexpr int64_t STREAM_ROWS = 2;       // up to how many rows of x `stream` runs; `tile` is faster from 3 or 4 on
 constexpr int64_t PREFETCH = 2048;       // bytes ahead of the reads a stream asks the cache for
-// Bytes of x a task of `tile` works on: half the L2 cache (the other half holds its panel and the next one).
-const int64_t X_BYTES = std::max<int64_t>(sysconf(_SC_LEVEL2_CACHE_SIZE), 512 << 10) / 2;
+
+// The L2 cache of a core as the OS reports it, or 512 KiB where it does not say.
+int64_t l2_bytes() {
+#ifdef _SC_LEVEL2_CACHE_SIZE
+  return std::max<int64_t>(sysconf(_SC_LEVEL2_CACHE_SIZE), 512 << 10);
+#else
+  return 512 << 10;
+#endif
+}
+const int64_t X_BYTES = l2_bytes() / 2;  // bytes of x a task of `tile` works on; the rest holds its panel and the next
 
 // y[b][c..c+NR) = the NR outputs of a panel for rows b < B of x, with a short last panel (out - c < NR) through a
 // scratch row: sums s[b][0..1] plus the bias.
@@ -97,8 +105,8 @@ void tile(const float* const* x, int64_t in, const float* panel, const float* bi
       c50(0.f), c51(0.f);
   const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3], *x4 = x[4], *x5 = x[5];
   for (int64_t k = 0; k < in; ++k, panel += NR) {
-    if (next)
-      for (int64_t line = 0; line < NR * 4; line += 64) __builtin_prefetch(reinterpret_cast<const char*>(next + k * NR) + line);
+    for (int64_t line = 0; next && line < NR * 4; line += 64)
+      __builtin_prefetch(reinterpret_cast<const char*>(next + k * NR) + line);
     const Vec w0 = Vec::loadu(panel), w1 = Vec::loadu(panel + Vec::size());
     const auto row = [&](const float* xi, Vec& s0, Vec& s1) {
       const Vec a(xi[k]);

@@ -8,8 +8,8 @@
 // contiguous stream of bytes: the easiest read there is for the hardware prefetcher, helped along by a software
 // prefetch a few KiB ahead. The packed weights live in 2 MiB pages (cpu_kernels.pack_weight), so a stream of
 // hundreds of MB needs a few hundred TLB entries, not a hundred thousand. BLAS libraries tune for big products;
-// for a handful of rows they read the weight at a fraction of the bandwidth (measured here: MKL's sgemm through
-// F.linear at 8-10 GB/s for one row, against ~22 GB/s the memory gives).
+// for a handful of rows they can read the weight at a fraction of the bandwidth (MKL through F.linear: 8-10 GB/s
+// for one row on a 2-core AMD EPYC whose memory gives ~22; on an Intel Xeon within 10% at one row, not at four).
 //
 // 2. `tile`, for more rows: a matrix-matrix product bound by FLOP/s. A register tile of MR rows of x by one panel
 // keeps MR × 2 vectors of sums in registers; each step over the inputs loads the panel's NR weights once (two

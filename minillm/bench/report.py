@@ -159,6 +159,8 @@ def plot_ladder(rungs: dict, title: str, path: Path) -> None:
 def plot_serving(rates: list[float], results: dict, title: str, path: Path) -> None:
     """TTFT, TPOT and end-to-end latency (p50 solid, p99 dashed) against request rate, one colour per backend.
     An infinite rate (everything at once) has no place on the axis and is left out."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
     finite = [i for i, rate in enumerate(rates) if rate != float("inf")]
     fig, axes = figure(12, 3.8, ncols=3)
     for ax, (metric, name) in zip(axes[0], [("ttft", "time to first token"), ("tpot", "time per output token"),
@@ -171,6 +173,8 @@ def plot_serving(rates: list[float], results: dict, title: str, path: Path) -> N
         ax.set(xlabel="request rate (requests/s)", ylabel="ms", title=name, xscale="log", yscale="log")
         ax.set_xticks([rates[i] for i in finite], [f"{rates[i]:g}" for i in finite], minor=False)
         ax.minorticks_off()
+        ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 3, 5)))  # labels inside a decade, as plain numbers
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
         ax.title.set_fontsize(9)
     axes[0][0].legend(fontsize=7)
     save(fig, title, path)

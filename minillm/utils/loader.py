@@ -14,20 +14,28 @@ def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor, shar
 
 
 def resolve_model_path(model: str | Path) -> Path:
-    """A local checkpoint directory as is; otherwise treat `model` as a hub id and download it (needs a network)."""
+    """A local checkpoint directory as is; a hub id minillm knows (minillm.models.hub) from its installed package,
+    converted once into the cache; any other hub id from Hugging Face's local cache, or downloaded (a network)."""
+    from minillm.models.hub import KNOWN_MODELS, get_model
+
     path = Path(model).expanduser()
     if path.is_dir():
         return path
+    if str(model) in KNOWN_MODELS:
+        return get_model(str(model))
+    known = ", ".join(KNOWN_MODELS)
     if path.is_absolute() or str(model).startswith((".", "~")) or str(model).count("/") != 1:  # not "org/name"
         raise FileNotFoundError(f"no checkpoint directory at {str(model)!r}: pass the path of a directory holding "
-                                "config.json, *.safetensors and tokenizer.json (or LLM() for the default model)")
+                                "config.json, *.safetensors and tokenizer.json, a hub id minillm obtains offline "
+                                f"({known}), or LLM() for the default model")
     try:
         from huggingface_hub import snapshot_download
 
         return Path(snapshot_download(str(model), allow_patterns=["*.json", "*.safetensors", "*.jinja"]))
     except Exception as e:
         raise FileNotFoundError(
-            f"{model!r} is not a local checkpoint directory and could not be fetched from the hub ({e}). "
+            f"{model!r} is not a local checkpoint directory, not a hub id minillm obtains offline ({known}; "
+            f"`python -m minillm.models list`), and could not be fetched from the hub ({type(e).__name__}). "
             "Pass the path of a directory holding config.json, *.safetensors and tokenizer.json."
         ) from e
 

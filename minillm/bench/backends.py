@@ -8,10 +8,13 @@ from dataclasses import dataclass, field
 from functools import cached_property, partial
 from pathlib import Path
 
+import torch
 from tqdm.auto import tqdm
 
 from minillm import LLM, SamplingParams
 from minillm.bench.breakdown import StepBreakdown, find, wrapped
+from minillm.bench.memory import engine_growth, process_memory
+from minillm.bench.models import num_parameters
 from minillm.bench.workloads import Workload
 from minillm.config import Config
 from minillm.naive import generate_static
@@ -34,6 +37,7 @@ class Models:
 
     def __init__(self, path: Path, engine_options: dict):
         self.path, self.engine_options = path, engine_options
+        self.memory = None  # the resident memory building the engine took (minillm.bench.memory), once built
 
     def engine_option(self, name: str):
         """An engine setting as the engine will have it: given, or Config's default."""
@@ -41,7 +45,18 @@ class Models:
 
     @cached_property
     def engine(self) -> LLM:
-        return LLM(self.path, **self.engine_options)
+        """The engine; building it records self.memory: the process's resident memory before and after, against
+        the checkpoint's weights and the KV cache budget."""
+        on_cpu = str(self.engine_option("device")) == "cpu"  # elsewhere the weights and cache are not resident here
+        before = process_memory() if on_cpu else None
+        llm = LLM(self.path, **self.engine_options)
+        after = process_memory() if on_cpu else None
+        dtype = getattr(torch, self.engine_option("dtype"))
+        kv_cache = getattr(llm.model_runner, "kv_cache", None)
+        self.memory = engine_growth(before, after, num_parameters(self.path) * dtype.itemsize,
+                                    self.engine_option("kvcache_memory_bytes"),
+                                    kv_cache.nbytes if isinstance(kv_cache, torch.Tensor) else None)
+        return llm
 
     @cached_property
     def compiled_engine(self) -> LLM:

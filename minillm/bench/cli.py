@@ -1,6 +1,8 @@
 """python -m minillm.bench: every backend on the same prompts and model, side by side in one process.
 
     python -m minillm.bench --workload mixed --num-prompts 128
+    python -m minillm.bench --workload mixed --peer vllm  # and vLLM's CPU build (make peers-vllm) on the same weights
+    python -m minillm.bench --model HuggingFaceTB/SmolLM2-135M-Instruct --workload mixed  # a real checkpoint
     python -m minillm.bench --random-size 100m --num-prompts 64 --backends minillm,hf-generate
     python -m minillm.bench --ladder                      # naive loop -> ... -> compiled: the speedup ladder
     python -m minillm.bench --serve-rates 2,4,8,16,inf    # Poisson arrivals: latency against request rate
@@ -15,9 +17,10 @@ from pathlib import Path
 
 import torch
 
-from minillm.bench import ladder, roofline, serving, workloads
+from minillm.bench import ladder, roofline, serving, vllm_peer, workloads
 from minillm.bench.backends import Models, Run, run_compiled, run_compiled_layers, run_eager, run_minillm, run_static
 from minillm.bench.hf import AUTO_BATCH_SIZES, run_hf_generate, run_hf_generate_batch
+from minillm.bench.memory import describe as describe_memory
 from minillm.bench.metrics import latency, throughput
 from minillm.bench.models import RANDOM_SIZES, checkpoint, num_parameters, read_config, special_token_ids
 from minillm.bench.report import (breakdown_table, git_state, ladder_table, machine, plot, plot_ladder,
@@ -36,6 +39,7 @@ BACKENDS = {
     "hf-generate": run_hf_generate,
     "hf-generate-batch": run_hf_generate_batch,
 }
+PEERS = ["llama-cpp", "vllm"]  # --peer: other engines, outside this process's libraries
 VARIANTS = ("minillm-compiled", "minillm-compiled-layers", "minillm-eager")  # the engine with other settings
 DEFAULT_BACKENDS = [name for name in BACKENDS if name not in VARIANTS]
 WARMUP_PROMPTS, WARMUP_OUTPUT_LEN = 4, 16
@@ -99,7 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     w.add_argument("--suffix-len", **n, default=16, help="shared-prefix: each request's own tokens")
     w.add_argument("--seed", type=int, default=0, help="seeds the prompts and a random model's weights")
     m = p.add_argument_group("model (default: the embedded default model)").add_mutually_exclusive_group()
-    m.add_argument("--model", metavar="DIR", help="a Hugging Face checkpoint directory")
+    m.add_argument("--model", metavar="DIR|ID", help="a Hugging Face checkpoint directory, or a hub id minillm "
+                   "obtains offline (python -m minillm.models list), e.g. HuggingFaceTB/SmolLM2-135M-Instruct")
     m.add_argument("--random-size", choices=list(RANDOM_SIZES), help="a random-weight Qwen3, made for this run")
     e = p.add_argument_group("backends (engine options default to minillm's Config)")
     e.add_argument("--max-num-seqs", **n)
@@ -130,8 +135,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     modes.add_argument("--ladder-slow-prompts", **n, default=4,
                        help="--ladder: the one-request-at-a-time rungs run only this many first requests (default 4)")
     modes.add_argument("--roofline-batch", **n, default=64, help="--roofline: the batched decode's batch (default 64)")
-    modes.add_argument("--peer", choices=["llama-cpp"], help="--roofline: also llama.cpp (the peers extra) on the "
-                       "same weights, fp32 GGUF: batch-1 prompt and decode tokens/s against minillm's")
+    modes.add_argument("--peer", choices=PEERS, help="llama-cpp, with --roofline: also llama.cpp (the peers extra) "
+                       "on the same weights, fp32 GGUF: batch-1 prompt and decode tokens/s against minillm's. vllm, "
+                       "with the comparison (or --sizes): also vLLM's CPU build on the same workload and weights, in "
+                       "a subprocess of its own environment (make peers-vllm; skipped when absent)")
+    modes.add_argument("--vllm-venv", type=Path, metavar="DIR", help="--peer vllm: vLLM's virtual environment "
+                       "(default: $MINILLM_VLLM_VENV, else .venv-vllm in the repository)")
     modes.add_argument("--roofline-bytes", **n, default=2**30,
                        help="--roofline: size of the array streamed to measure bandwidth (default 1 GiB)")
     o = p.add_argument_group("output")
@@ -143,8 +152,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.rungs and not set(args.rungs) <= set(ladder.rungs_for(args.device)):
         p.error(f"--rungs: {', '.join(sorted(set(args.rungs) - set(ladder.rungs_for(args.device))))} runs on "
                 "--device cuda only")
-    if args.peer and not args.roofline:
-        p.error("--peer runs with --roofline only")
+    if args.peer == "llama-cpp" and not args.roofline:
+        p.error("--peer llama-cpp runs with --roofline only")
+    if args.peer == "vllm" and (args.roofline or args.ladder or args.serve_rates):
+        p.error("--peer vllm runs with the throughput comparison (or --sizes), not with --roofline, --ladder or "
+                "--serve-rates")
+    if args.peer == "vllm" and args.device != "cpu":
+        p.error("--peer vllm: vLLM's CPU build runs on --device cpu only")
+    if args.vllm_venv and args.peer != "vllm":
+        p.error("--vllm-venv goes with --peer vllm")
     args.rungs = args.rungs or ladder.rungs_for(args.device)
     return args
 
@@ -220,19 +236,35 @@ def compare(args, path: Path, engine_opts: dict, workload: Workload, warmup: Wor
             repeats: list[Workload] = ()) -> dict:
     """Every backend of --backends on the workload, then on each of `repeats` (the same lengths, other prompts:
     --repeats rounds, in alternating order so that a slow spell of the machine does not fall on one backend
-    alone); each backend counts its fastest round. Results, minillm's speedups and step breakdown; printed."""
+    alone); each backend counts its fastest round. With --peer vllm, vLLM too, last in the first round: every
+    round in one subprocess (one start-up), or skipped, with the reason, when its environment is absent.
+    Results, minillm's speedups, its step breakdown and the memory building its engine took; printed."""
     models = Models(path, engine_opts)
     names = [b for b in BACKENDS if b in args.backends]
     runs = {name: [] for name in names}
-    for r, round_workload in enumerate([workload, *repeats]):
+    peer = {}
+    if getattr(args, "peer", None) == "vllm":
+        venv = vllm_peer.venv_dir(getattr(args, "vllm_venv", None))
+        if why := vllm_peer.unavailable(venv):
+            print(f"vLLM peer skipped: {why}")
+            peer["vllm"] = dict(unavailable=why)
+        else:
+            names.append("vllm")
+            runs["vllm"] = []
+    rounds = [workload, *repeats]
+    for r, round_workload in enumerate(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
+            label = f" (round {r + 1} of {len(repeats) + 1})" if repeats else ""
+            if name == "vllm":
+                if r == 0:
+                    run_vllm_peer(models, rounds, warmup, args, venv, runs, peer)
+                continue
             round_args = args
             if r and name == "hf-generate":  # later rounds rerun the batch size the first round found fastest
                 round_args = argparse.Namespace(**vars(args) | {"hf_batch_size": runs[name][0].info["batch_size"]})
             run = BACKENDS[name](models, round_workload, warmup, round_args)
             check_token_counts(name, run.token_ids, round_workload.output_lens)
             runs[name].append(run)
-            label = f" (round {r + 1} of {len(repeats) + 1})" if repeats else ""
             print(f"{name}{label}: {workload.num_output_tokens / run.elapsed:.1f} output tokens/s")
     results, speedup = summarize(runs, workload)
     breakdown = min(runs["minillm"], key=lambda run: run.elapsed).info["breakdown"] if "minillm" in runs else None
@@ -240,9 +272,37 @@ def compare(args, path: Path, engine_opts: dict, workload: Workload, warmup: Wor
     if len(results.get("hf-generate", {}).get("tried", [])) > 1:
         print("hf-generate batch sizes: " + ", ".join(f"{t['batch_size']}: {t['output_tokens_per_second']:.1f} tok/s"
                                                       for t in results["hf-generate"]["tried"]))
+    if "vllm" in results:
+        v = results["vllm"]
+        same = (f"; same greedy tokens as minillm on {v['same_tokens_as_minillm']:.0%} of the requests"
+                if "same_tokens_as_minillm" in v else "")
+        ratio = f"; minillm / vLLM {speedup['vllm']:.2f}x" if "vllm" in speedup else ""
+        print(f"vLLM {v['vllm_version']} (CPU build, {v['threads']} threads, start-up {v['startup_seconds']:.0f} s "
+              f"not timed){same}{ratio}")
     if breakdown:
         print("\nminillm step breakdown (share of step time)\n" + breakdown_table(breakdown))
-    return dict(results=results, minillm_speedup=speedup, breakdown=breakdown)
+    if models.memory:
+        print("\n" + describe_memory(models.memory))
+    return dict(results=results, minillm_speedup=speedup, breakdown=breakdown, memory=models.memory, **peer)
+
+
+def run_vllm_peer(models: Models, rounds: list[Workload], warmup: Workload, args, venv: Path, runs: dict,
+                  peer: dict) -> None:
+    """vLLM on every round (one subprocess) into runs["vllm"]; on failure, the reason into peer["vllm"] and no
+    vllm runs: the other backends' results stand."""
+    try:
+        vllm_runs = vllm_peer.run(models, rounds, warmup, vllm_peer.default_threads(args), venv)
+        for run, round_workload in zip(vllm_runs, rounds):
+            check_token_counts("vllm", run.token_ids, round_workload.output_lens)
+    except (vllm_peer.PeerFailed, RuntimeError) as e:
+        print(f"vLLM peer failed: {e}")
+        peer["vllm"] = dict(failed=str(e))
+        del runs["vllm"]
+        return
+    runs["vllm"] = vllm_runs
+    for r, run in enumerate(vllm_runs):
+        label = f" (round {r + 1} of {len(rounds)})" if len(rounds) > 1 else ""
+        print(f"vllm{label}: {rounds[0].num_output_tokens / run.elapsed:.1f} output tokens/s")
 
 
 def bench(args, random_size: str | None) -> dict:
@@ -293,7 +353,8 @@ def main(argv: list[str] | None = None) -> dict:
         sizes = [dict(size=size, **bench(args, size)) for size in args.sizes]
         measured = dict(sizes=[dict(size=s["size"], num_parameters=s["model"]["num_parameters"], results=s["results"],
                                     minillm_speedup=s["minillm_speedup"], breakdown=s["breakdown"],
-                                    engine_options=s["engine_options"]) for s in sizes])
+                                    memory=s["memory"], engine_options=s["engine_options"],
+                                    **{k: s[k] for k in ("vllm",) if k in s}) for s in sizes])
         model_name = "random-" + "-".join(args.sizes)
         title = f"cost against size: {describe(args)} x {args.num_prompts} requests, random models"
         print("\n" + "\n".join(f"{s['size']} ({s['num_parameters'] / 1e6:.1f}M): " + ", ".join(

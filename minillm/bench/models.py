@@ -14,6 +14,7 @@ import torch
 from safetensors import safe_open
 
 from minillm.config import default_model_path
+from minillm.utils.loader import resolve_model_path
 
 # Qwen3 shapes (fp32, tied embeddings, 2048 positions): 100.7M, 26.1M and 0.9M parameters; the smaller ones
 # shrink width, depth and vocabulary alike.
@@ -40,18 +41,28 @@ def save_random_qwen3(size: str, path: Path, seed: int = 0) -> None:
 
 @contextmanager
 def checkpoint(model: str | None, random_size: str | None, seed: int = 0) -> Iterator[tuple[Path, str]]:
-    """Yield (checkpoint directory, short name for file names). A random model lives in a temporary
-    directory, deleted on exit."""
+    """Yield (checkpoint directory, short name for file names). model is a directory or a hub id, resolved as
+    LLM(model) resolves it (minillm.utils.loader.resolve_model_path: a hub id minillm knows is converted once into
+    its cache, offline), so that every backend, the transformers peers included, reads the same directory. A random
+    model lives in a temporary directory, deleted on exit."""
     if random_size is None:
-        path = Path(model).expanduser() if model else default_model_path()
+        path = resolve_model_path(model) if model else default_model_path()
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"{path} is not a checkpoint directory (no config.json): pass --model DIR "
-                                    "with config.json and *.safetensors, or --random-size")
-        yield path, "default" if model is None else path.name
+                                    "with config.json and *.safetensors, a hub id minillm knows, or --random-size")
+        yield path, "default" if model is None else model_name(model, path)
         return
     with tempfile.TemporaryDirectory(prefix=f"minillm-bench-{random_size}-") as tmp:
         save_random_qwen3(random_size, Path(tmp), seed)
         yield Path(tmp), f"random-{random_size}"
+
+
+def model_name(model: str, path: Path) -> str:
+    """A checkpoint's short name for file names: a directory's name, or a hub id's name part (its directory is a
+    cache entry such as HuggingFaceTB--SmolLM2-135M-Instruct)."""
+    if Path(model).expanduser().is_dir():
+        return path.name
+    return str(model).rstrip("/").split("/")[-1]
 
 
 def read_config(path: Path) -> dict:

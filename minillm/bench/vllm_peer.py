@@ -128,10 +128,11 @@ def tail(log: Path, lines: int = 25) -> str:
 
 
 def run(models: Models, rounds: list[Workload], warmup: Workload, threads: int, venv: Path,
-        runner: Callable[[list[str], dict, Path, float], int] = run_subprocess, timeout: float = TIMEOUT) -> list[Run]:
+        runner: Callable[[list[str], dict, Path, float], int] | None = None, timeout: float = TIMEOUT) -> list[Run]:
     """vLLM on each round's workload (one start-up, one warm-up): a Run per round, with vLLM's facts in its
-    info. runner(argv, env, log, timeout) -> exit status runs the subprocess (tests pass a fake). PeerFailed
-    when no result comes back."""
+    info. runner(argv, env, log, timeout) -> exit status runs the subprocess (default run_subprocess; tests pass
+    a fake). PeerFailed when no result comes back."""
+    runner = runner or run_subprocess
     max_model_len = read_config(models.path).get("max_position_embeddings", 2048)
     work = Path(tempfile.mkdtemp(prefix="minillm-vllm-"))
     request_path, result_path, log = work / "request.json", work / "result.json", work / "vllm.log"

@@ -6,8 +6,10 @@ import torch
 
 from minillm.layers import attention
 from minillm.layers.attention import CPUAttentionBackend, select_attention_backend
-from minillm.layers.cpu_kernels import (cpu_kernels, empty_packed, linear_cpu, pack_weight, panel_width,
-                                        paged_decode_attention_cpu, store_kvcache_cpu)
+from minillm.layers.cpu_kernels import (cpu_kernels, embed_packed, empty_packed, linear_cpu, linear_packed,
+                                        pack_weight, pack_weights, panel_width, paged_decode_attention_cpu,
+                                        store_kvcache_cpu)
+from minillm.layers.linear import LinearBase
 from minillm.layers.paged_attention import paged_decode_attention, store_decode_kvcache, store_kvcache
 from minillm.utils.context import Context
 
@@ -124,7 +126,10 @@ def test_backend_takes_the_kernel_and_its_torch_path_without_it(monkeypatch):
     monkeypatch.setattr(attention, "cpu_kernels", lambda: False)  # not built: chunks of decode_rows in torch
     backend, calls[:] = CPUAttentionBackend(), []
     torch.testing.assert_close(backend.decode(q, k_cache, v_cache, ctx, 0.25), expected)
-    assert backend.linear_kernel(torch.randn(4, 4)) is None and not calls
+    model = torch.nn.Sequential(LinearBase(4, 4))
+    weight = model[0].weight
+    backend.process_weights(model)
+    assert model[0].weight is weight and model[0].kernel is None and not calls
 
 
 def test_a_failed_build_warns_once_and_returns_false(monkeypatch):
@@ -145,7 +150,7 @@ def test_default_model_on_the_kernel_equals_naive(monkeypatch):
 
     calls, matmuls, packed_matmuls, stores = [], [], [], []
     monkeypatch.setattr(attention, "paged_decode_attention_cpu", counting(calls, paged_decode_attention_cpu))
-    monkeypatch.setattr(attention, "linear_cpu", counting(matmuls, linear_cpu))
+    monkeypatch.setattr(attention, "linear_packed", counting(matmuls, linear_packed))
     op = torch.ops.minillm_cpu.linear
     monkeypatch.setattr(torch.ops.minillm_cpu, "linear", counting(packed_matmuls, op))
     monkeypatch.setattr(attention, "store_kvcache_cpu", counting(stores, store_kvcache_cpu))
@@ -210,3 +215,35 @@ def test_linear_keeps_leading_dimensions_and_takes_strided_rows():
     packed = pack_weight(w)
     torch.testing.assert_close(linear_cpu(x, w, None, packed), x @ w.T, rtol=1e-4, atol=1e-4)
     assert linear_cpu(x[0, 0], w, None, packed).shape == (24,)
+
+
+def test_pack_weights_shares_one_mapping_and_equals_pack_weight():
+    """Every weight packed as pack_weight packs it alone, side by side in one 2 MiB-aligned mapping (no page per
+    weight), each starting on a whole panel."""
+    weights = [torch.randn(n, k) for n, k in [(40, 24), (panel_width(), 8), (7, 3)]]
+    packed = pack_weights(weights)
+    assert packed[0].data_ptr() % (2 << 20) == 0
+    for w, p, q in zip(weights, packed, packed[1:] + [None]):
+        assert torch.equal(p, pack_weight(w))
+        if q is not None:
+            assert q.data_ptr() == p.data_ptr() + p.numel() * 4
+
+
+def test_embed_packed_looks_up_rows_of_the_packed_table():
+    table = torch.randn(3 * panel_width() + 5, 16)
+    ids = torch.tensor([[0, 5, table.shape[0] - 1], [panel_width(), 1, 1]])
+    assert torch.equal(embed_packed(ids, pack_weight(table)), table[ids])
+
+
+def test_the_engine_keeps_one_copy_of_each_weight():
+    """The packed layout replaces the plain weight of every linear layer and of the tied LM head, whose table
+    the embedding reads too: no float32 [out, in] weight is left beside a packed one."""
+    from minillm import LLM, default_model_path
+    from minillm.bench.models import num_parameters
+
+    model = LLM(num_kvcache_blocks=8).model_runner.model
+    packed = [m for m in model.modules() if isinstance(m, LinearBase)] + [model.lm_head]
+    assert all(m.weight.dim() == 3 and m.weight.shape[2] == panel_width() for m in packed)
+    assert model.model.embed_tokens.weight is model.lm_head.weight  # tied: one table
+    # the default model's sizes are whole panels: the parameters hold exactly the checkpoint's numbers, once
+    assert sum(p.numel() for p in model.parameters()) == num_parameters(default_model_path())

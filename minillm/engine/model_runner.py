@@ -18,8 +18,6 @@ from minillm.engine.graphs import CompiledDecodeSteps, CUDADecodeGraphs
 from minillm.engine.kv_cache import allocate_kv_cache, kv_cache_bytes_per_token
 from minillm.engine.sequence import Sequence
 from minillm.layers.attention import Attention, select_attention_backend
-from minillm.layers.embed_head import ParallelLMHead
-from minillm.layers.linear import LinearBase
 from minillm.layers.paged_attention import slot_mapping_for
 from minillm.layers.sampler import Sampler, SamplingMetadata
 from minillm.models import build_model
@@ -61,8 +59,7 @@ class ModelRunner:
         for layer in self.model.modules():
             if isinstance(layer, Attention):
                 layer.backend = self.attn_backend
-            elif isinstance(layer, (LinearBase, ParallelLMHead)):
-                layer.kernel = self.attn_backend.linear_kernel(layer.weight)
+        self.attn_backend.process_weights(self.model)  # the linear layers' kernels and their weights' layout
         self.allocate_input_buffers(config)
         tp_size = group.size if group else 1  # each rank caches its share of the KV heads
         bytes_per_block = kv_cache_bytes_per_token(self.model.config, getattr(torch, config.dtype)) * self.block_size

@@ -8,8 +8,10 @@ from torch import nn
 
 from minillm.layers.paged_attention import (gather_context, paged_decode_attention, prefill_attention, store_decode_kvcache,
                                             store_kvcache)
-from minillm.layers.cpu_kernels import (cpu_kernels, linear_cpu, pack_weight, paged_decode_attention_cpu,
-                                        store_kvcache_cpu)
+from minillm.layers.cpu_kernels import (cpu_kernels, embed_packed, linear_packed, pack_weights,
+                                        paged_decode_attention_cpu, release_freed_memory, store_kvcache_cpu)
+from minillm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
+from minillm.layers.linear import LinearBase, RowParallelLinear
 from minillm.utils.context import Context, get_context
 
 
@@ -58,10 +60,9 @@ class TorchAttentionBackend:
     name = "torch"
     decode_rows = 16
 
-    def linear_kernel(self, weight: torch.Tensor):
-        """The matmul a linear layer (or the LM head) with this loaded weight runs instead of F.linear, called as
-        kernel(x, weight, bias); None keeps F.linear (see CPUAttentionBackend)."""
-        return None
+    def process_weights(self, model: nn.Module) -> None:
+        """After loading: give the linear layers (and the LM head) the matmul this backend runs instead of
+        F.linear, in each layer's `kernel`, and their weights the layout it reads. Here: none, F.linear."""
 
     def store_kvcache(self, k, v, k_cache, v_cache, ctx: Context) -> None:
         if ctx.is_prefill:  # slot -1: a token whose key is in a cached prefix block already, skipped
@@ -98,19 +99,30 @@ class CPUAttentionBackend(TorchAttentionBackend):
     use), as vLLM's CPU backend has its own: float32 decode attention that reads each sequence's keys and values
     in place through its block table instead of copying them out first (2-9x faster than the chunked torch
     path), the store of each step's keys and values (one copy per token instead of indexed writes), and the
-    linear layers' matmuls: for one or two rows, which BLAS runs at a fraction of the memory bandwidth (batch-1
-    decode of a 100M model: about 1.7x), and for more on weights packed once at load (a second copy of each
-    weight), which BLAS repacks on every call. Where the kernels cannot be built it is the torch backend."""
+    linear layers' matmuls on weights packed once at load (the packed layout replaces the plain one), which
+    BLAS would repack on every call: a matrix-vector product for one or two rows that streams them at the memory's
+    speed, a register-tiled product for more. Where the kernels cannot be built it is the torch backend."""
 
     name = "cpu"
 
     def __init__(self):
         self.built = cpu_kernels()
 
-    def linear_kernel(self, weight: torch.Tensor):
-        if weight.is_cpu and weight.dtype == torch.float32 and self.built:
-            return functools.partial(linear_cpu, packed=pack_weight(weight))
-        return None
+    def process_weights(self, model: nn.Module) -> None:
+        """Every float32 weight a layer's forward multiplies by its kernel is replaced by its packed layout (one
+        copy: the plain one is freed), the tied embedding table included, which then looks rows up in it."""
+        tables = {id(m.weight): m for m in model.modules() if type(m) is VocabParallelEmbedding}
+        layers = [m for m in model.modules() if runs_kernel(m) and m.weight.is_cpu and m.weight.dtype == torch.float32
+                  and (id(m.weight) not in tables or tables[id(m.weight)].tp_size == 1)]
+        if not self.built or not layers:
+            return
+        for layer, packed in zip(layers, pack_weights([m.weight for m in layers])):
+            weight, layer.weight = layer.weight, nn.Parameter(packed, requires_grad=False)
+            layer.kernel = functools.partial(linear_packed, out_features=weight.shape[0])
+            if id(weight) in tables:  # tied: the embedding reads its rows out of the packed table
+                tables[id(weight)].weight, tables[id(weight)].kernel = layer.weight, embed_packed
+        del weight
+        release_freed_memory()
 
     def store_kvcache(self, k, v, k_cache, v_cache, ctx: Context) -> None:
         if k.is_cpu and self.built:
@@ -153,6 +165,14 @@ class TritonAttentionBackend(TorchAttentionBackend):
 
     def decode(self, q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
         return self.kernels.paged_decode_attention(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale)
+
+
+def runs_kernel(layer: nn.Module) -> bool:
+    """Whether the layer's forward multiplies by its `kernel`: a linear layer or the LM head, but not a
+    row-parallel layer split across ranks (row_parallel_linear takes the plain weight)."""
+    if isinstance(layer, RowParallelLinear):
+        return layer.tp_size == 1
+    return isinstance(layer, (LinearBase, ParallelLMHead))
 
 
 ATTENTION_BACKENDS = {"torch": TorchAttentionBackend, "cpu": CPUAttentionBackend, "triton": TritonAttentionBackend}

@@ -15,7 +15,9 @@ They are compiled together on first use by torch.utils.cpp_extension (a C++ comp
 so built for this machine), once: the build is cached in torch's extensions directory. Where they cannot be
 built, `cpu_kernels` says why in one warning and returns False, and callers keep the torch path.
 """
+import ctypes
 import functools
+import itertools
 import os
 import shutil
 import warnings
@@ -76,16 +78,30 @@ def panel_width() -> int:
     return torch.ops.minillm_cpu.panel_width()
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+def pack_weight(weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """A linear layer's weight [out, in] as the matmul kernel reads it: [panels, in, P] with P = panel_width(),
     where panel p holds output features p·P .. p·P + P - 1 and, for each input feature, their P weights side by
-    side (so a step over the inputs loads two whole vectors). Zero rows pad `out` to a multiple of P. A copy, in
-    memory of its own backed by 2 MiB pages where the OS allows: a decode step streams every weight, and 4 KiB
-    pages would cost a TLB miss every 4 KiB of it."""
-    out, inputs = weight.shape
+    side (so a step over the inputs loads two whole vectors). Zero rows pad `out` to a multiple of P. Written
+    into `out` when given (a view of pack_weights' mapping), else into memory of its own backed by 2 MiB pages
+    where the OS allows: a decode step streams every weight, and 4 KiB pages would cost a TLB miss every 4 KiB."""
+    rows, inputs = weight.shape
     panel = panel_width()
-    padded = F.pad(weight.detach(), (0, 0, 0, -out % panel))
-    return empty_packed(out, inputs).copy_(padded.view(-1, panel, inputs).transpose(1, 2))
+    out = empty_packed(rows, inputs) if out is None else out
+    full = rows - rows % panel  # whole panels straight from the weight, then the last one padded with zeros
+    out[:full // panel].copy_(weight[:full].detach().view(-1, panel, inputs).transpose(1, 2))
+    if full < rows:
+        out[-1].zero_()[:, :rows - full].copy_(weight[full:].detach().T)
+    return out
+
+
+def pack_weights(weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    """pack_weight of each weight, all in one mapping backed by 2 MiB pages: a mapping per weight would round
+    each up to a whole 2 MiB page (120 MB lost on SmolLM2-135M's 211 matrices)."""
+    panel = panel_width()
+    shapes = [(-(-w.shape[0] // panel), w.shape[1], panel) for w in weights]
+    arena = torch.ops.minillm_cpu.empty_pages([sum(a * b * c for a, b, c in shapes)])
+    offsets = itertools.accumulate((a * b * c for a, b, c in shapes), initial=0)
+    return [pack_weight(w, arena[o:o + a * b * c].view(a, b, c)) for w, o, (a, b, c) in zip(weights, offsets, shapes)]
 
 
 def empty_packed(out: int, inputs: int) -> torch.Tensor:
@@ -95,13 +111,36 @@ def empty_packed(out: int, inputs: int) -> torch.Tensor:
     return torch.ops.minillm_cpu.empty_pages([-(-out // panel), inputs, panel])
 
 
+def linear_packed(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None, *,
+                  out_features: int) -> torch.Tensor:
+    """F.linear(x, weight, bias) for float32 CPU tensors by the C++ kernel on packed = pack_weight(weight): a
+    matrix-vector product for one or two rows of x (its leading dimensions flattened), a register-tiled matmul
+    for more. Call `cpu_kernels()` first."""
+    y = torch.ops.minillm_cpu.linear(x.reshape(-1, x.shape[-1]).contiguous(), packed, bias, out_features)
+    return y.view(*x.shape[:-1], out_features)
+
+
 def linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                packed: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias) for float32 CPU tensors by the C++ kernel on `packed` (pack_weight(weight), made
-    once when the layer is loaded): a matrix-vector product for one or two rows of x (its leading dimensions
-    flattened), a register-tiled matmul for more. F.linear where there is no packed weight. Call `cpu_kernels()`
-    first."""
+    """F.linear(x, weight, bias), by linear_packed where `packed` (pack_weight(weight)) is given and x is float32
+    on the CPU, else by F.linear."""
     if packed is None or x.dtype != torch.float32 or not x.is_cpu:
         return F.linear(x, weight, bias)
-    y = torch.ops.minillm_cpu.linear(x.reshape(-1, x.shape[-1]).contiguous(), packed, bias, weight.shape[0])
-    return y.view(*x.shape[:-1], weight.shape[0])
+    return linear_packed(x, packed, bias, out_features=weight.shape[0])
+
+
+def embed_packed(input_ids: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """Embedding lookup (row t of the table for id t) read from the table's packed layout: with tied embeddings
+    the LM head's packed weight is the only copy of the table. Row t is column t % P of panel t // P."""
+    panel = packed.shape[2]
+    return packed[input_ids // panel, :, input_ids % panel]
+
+
+def release_freed_memory() -> None:
+    """Return the heap's free pages to the OS. glibc keeps freed blocks below the top of its heap for reuse, so
+    the plain weights freed after packing would stay resident (about 200 MB for SmolLM2-135M); malloc_trim
+    releases them. Elsewhere (no glibc) nothing happens."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -77,7 +77,11 @@ def vocab_parallel_embed(input_ids: torch.Tensor, weight: torch.Tensor, vocab_st
 
 class VocabParallelEmbedding(nn.Module):
     """The embedding table, [vocab_size, hidden_size], split by vocabulary across tensor-parallel ranks: each
-    rank looks up the ids in its range, zeros the rest, and an all-reduce adds the ranks' rows together."""
+    rank looks up the ids in its range, zeros the rest, and an all-reduce adds the ranks' rows together.
+    `kernel`, when the model runner sets one, looks rows up in a table of another layout (the LM head's packed
+    weight, tied)."""
+
+    kernel = None
 
     def __init__(self, num_embeddings: int, embedding_dim: int):
         super().__init__()
@@ -92,7 +96,7 @@ class VocabParallelEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return embed(input_ids, self.weight)
+            return (self.kernel or embed)(input_ids, self.weight)
         return vocab_parallel_embed(input_ids, self.weight, self.vocab_start, self.tp_group)
 
 
@@ -100,8 +104,6 @@ class ParallelLMHead(VocabParallelEmbedding):
     """The output projection; with tied embeddings it shares the embedding table's weight. Each rank scores its
     slice of the vocabulary; rank 0 gathers the full logits (the other ranks return None). `kernel`, as a linear
     layer's, replaces the plain product when the model runner sets one."""
-
-    kernel = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
         logits = lm_logits(hidden, self.weight) if self.kernel is None else self.kernel(hidden, self.weight)

@@ -15,6 +15,56 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": dict(qk_norm=False, qkv_bias=True, o_bias=False),
     "LlamaForCausalLM": dict(qk_norm=False, qkv_bias=None, o_bias=None),
 }
+# config.json's model_type -> its architecture, for the files (often converted ones) that list no architectures
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+# quantization methods whose *.safetensors hold plain floats: transformers records {"quant_method": "gguf"} on a
+# model it dequantized from a GGUF file (GGUF blocks live in the .gguf file, never in a safetensors file)
+DEQUANTIZED_METHODS = ("gguf",)
+ROPE_TYPES = ("default", "linear", "llama3")  # what minillm.layers.rotary implements
+
+
+def architecture_of(cfg: dict) -> str:
+    """The checkpoint's architecture: its `architectures` list, else its `model_type`."""
+    if cfg.get("architectures"):
+        arch = cfg["architectures"][0]
+        if arch not in ARCHITECTURES:
+            raise ValueError(f"unsupported architecture {arch!r}: minillm supports {', '.join(ARCHITECTURES)}.")
+        return arch
+    model_type = cfg.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"unsupported model_type {model_type!r} (config.json lists no architectures): minillm "
+                         f"supports model_type {', '.join(MODEL_TYPES)} (architectures {', '.join(ARCHITECTURES)}).")
+    return MODEL_TYPES[model_type]
+
+
+def check_supported(cfg: dict) -> None:
+    """Refuse, naming the field and the way out, what minillm's decoder would compute differently."""
+    quant = cfg.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
+        if method not in DEQUANTIZED_METHODS:
+            raise ValueError(
+                f"this checkpoint's weights are stored quantized (quantization_config: quant_method {method!r}); "
+                "minillm loads plain float weights (float32, bfloat16, float16): use the unquantized checkpoint, "
+                "or dequantize this one (in transformers: from_pretrained, model.dequantize(), save_pretrained) "
+                "and drop quantization_config from config.json.")
+    if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
+        raise ValueError(f"unsupported hidden_act {cfg['hidden_act']!r}: minillm's MLP is SwiGLU (silu).")
+    layer_types = set(cfg.get("layer_types") or ()) - {"full_attention"}
+    windowed = cfg.get("use_sliding_window") and cfg.get("sliding_window") and \
+        cfg.get("max_window_layers", 0) < cfg["num_hidden_layers"]
+    if layer_types or windowed:
+        raise ValueError(
+            f"sliding-window attention is not supported (layer_types {sorted(layer_types)}, use_sliding_window "
+            f"{cfg.get('use_sliding_window')}, sliding_window {cfg.get('sliding_window')}): minillm attends to the "
+            "whole context. The two agree while no context is longer than the window: then set use_sliding_window "
+            "to false (and layer_types to full_attention) in config.json.")
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"unsupported rope scaling {kind!r}: minillm implements {', '.join(ROPE_TYPES)}.")
+    if rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ValueError("unsupported partial_rotary_factor: minillm rotates every channel of a head (factor 1.0).")
 
 
 @dataclass
@@ -43,14 +93,8 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, cfg: dict) -> "ModelConfig":
-        archs = cfg.get("architectures") or [cfg.get("model_type", "?")]
-        arch = archs[0]
-        if arch not in ARCHITECTURES:
-            raise ValueError(
-                f"unsupported architecture {arch!r}: minillm supports {', '.join(ARCHITECTURES)}."
-            )
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"unsupported hidden_act {cfg['hidden_act']!r}: minillm's MLP is SwiGLU (silu).")
+        arch = architecture_of(cfg)
+        check_supported(cfg)
         # transformers 5 writes rope_parameters = {rope_type, rope_theta, ...}; older files write
         # rope_theta and rope_scaling at the top level.
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}

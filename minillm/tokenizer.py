@@ -107,13 +107,17 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """Render a conversation with the checkpoint's Jinja chat template, as transformers does."""
-        if not self.chat_template:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            chat_template: str | None = None) -> str:
+        """Render a conversation with the checkpoint's Jinja chat template (or `chat_template`), as transformers
+        does. The text already holds the template's special tokens: encode it with add_special_tokens=False."""
+        template = chat_template or self.chat_template
+        if not template:
             raise ValueError("this tokenizer has no chat template; pass plain text prompts instead")
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                           extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = _raise
-        return env.from_string(self.chat_template).render(
+        return env.from_string(template).render(
             messages=messages, add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "", eos_token=self.eos_token or "",
         )

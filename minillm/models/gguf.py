@@ -74,7 +74,7 @@ def gguf_config(reader) -> dict:
         "num_key_value_heads": get("attention.head_count_kv", heads),
         "head_dim": get("attention.key_length", hidden // heads),
         "max_position_embeddings": get("context_length"),
-        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")),
+        "rms_norm_eps": float(f"{get('attention.layer_norm_rms_epsilon'):.7g}"),  # a float32 in the file: 1e-05
         "rope_theta": float(get("rope.freq_base", 10000.0)),
         "attention_bias": "blk.0.attn_q.bias" in names,
         "tie_word_embeddings": "output.weight" not in names,
@@ -113,6 +113,9 @@ def convert_gguf(file: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     save_file(dict(gguf_tensors(reader, config)), out / "model.safetensors", metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
+    # A GGUF records no sampling settings. do_sample false (greedy) is transformers' default, written out so that
+    # readers with vLLM's defaults (minillm's LLM.chat) do not sample at temperature 1, where a 4-bit 135M model
+    # mostly answers off the point (SmolLM2: "Paris" in about 1 of 3 answers; greedy: "The capital ... is Paris.")
+    generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"], "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name).save_pretrained(out)

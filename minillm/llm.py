@@ -71,8 +71,11 @@ def conversations(messages) -> list[list[dict]]:
     convs = [messages] if single else list(messages)
     for i, conv in enumerate(convs):
         where = "" if single else f"conversation {i}: "
-        if not isinstance(conv, (list, tuple)) or not conv:
-            raise ValueError(f"{where}the conversation is empty ({conv!r}): give a list of messages, {example}")
+        if not isinstance(conv, (list, tuple)):
+            raise ValueError(f"{where}{conv!r} is not a list of messages: give a list of messages, {example}, or "
+                             "a list of such lists")
+        if not conv:
+            raise ValueError(f"{where}the conversation is empty: give a list of messages, {example}")
         for j, message in enumerate(conv):
             if not (isinstance(message, dict) and isinstance(message.get("role"), str)
                     and isinstance(message.get("content"), str)):

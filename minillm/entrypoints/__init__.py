@@ -1,0 +1,1 @@
+"""How people reach the engine from outside Python code: the terminal chat (`python -m minillm.chat`)."""

@@ -104,7 +104,8 @@ def broken_checkpoints(root: Path) -> dict[str, Path]:
     """Copies of the default model, each broken one way."""
     good = default_model_path()
     made = {}
-    for name in ("no config", "no weights", "truncated weights", "corrupt weights", "unsupported architecture"):
+    for name in ("no config", "no weights", "truncated weights", "corrupt weights", "unsupported architecture",
+                 "quantized weights"):
         made[name] = shutil.copytree(good, root / name.replace(" ", "_"))
     (made["no config"] / "config.json").unlink()
     (made["no weights"] / "model.safetensors").unlink()
@@ -113,6 +114,8 @@ def broken_checkpoints(root: Path) -> dict[str, Path]:
     (made["corrupt weights"] / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json" + data)
     config = made["unsupported architecture"] / "config.json"
     config.write_text(config.read_text().replace("Qwen3ForCausalLM", "MambaForCausalLM"))
+    config = made["quantized weights"] / "config.json"
+    config.write_text(config.read_text().replace("{", '{"quantization_config": {"quant_method": "gptq", "bits": 4},', 1))
     return made
 
 
@@ -123,6 +126,8 @@ CHECKPOINTS = [
     ("truncated weights", ValueError, "model.safetensors is not a readable safetensors file.*truncated or corrupt"),
     ("corrupt weights", ValueError, "model.safetensors is not a readable safetensors file.*truncated or corrupt"),
     ("unsupported architecture", ValueError, "unsupported architecture 'MambaForCausalLM': minillm supports"),
+    ("quantized weights", ValueError, r"weights are stored quantized \(quantization_config: quant_method 'gptq'\)"
+     ".*use the unquantized checkpoint"),
 ]
 
 

@@ -210,3 +210,11 @@ def test_python_m_minillm_chat_runs(ckpt):
                          input="Hi\n/exit\n", capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith(f"minillm chat with {ckpt}: /reset forgets the conversation")
+
+
+@pytest.mark.parametrize("args, message", [(["--max-tokens", "0"], "max_tokens must be an integer >= 1, got 0"),
+                                           (["--temperature", "-1"], "temperature must be a finite number >= 0")])
+def test_bad_options_are_named_before_the_model_loads(monkeypatch, capsys, args, message):
+    monkeypatch.setattr(chat_cli, "LLM", lambda model: pytest.fail("the model was loaded"))
+    assert chat_cli.main(["--model", "tiny", *args], input=scripted(), out=Terminal()) == 2
+    assert message in capsys.readouterr().err

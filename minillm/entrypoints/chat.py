@@ -6,12 +6,14 @@ the real SmolLM2-135M-Instruct when its package is installed, else the embedded 
 template: each line is then continued as text.
 """
 import argparse
+import dataclasses
 import sys
 from typing import Iterator
 
 from minillm.config import default_model_path
 from minillm.llm import LLM
 from minillm.models.hub import KNOWN_MODELS, checkpoint_dir, is_complete
+from minillm.sampling_params import SamplingParams
 
 REAL_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -81,17 +83,29 @@ def parse_args(argv):
 
 def main(argv=None, input=input, out=sys.stdout) -> int:
     args = parse_args(argv)
+    chosen = {"max_tokens": args.max_tokens, **({} if args.temperature is None else {"temperature": args.temperature})}
+    try:
+        SamplingParams(**chosen)  # checked before the model loads
+    except ValueError as e:
+        print(f"python -m minillm.chat: {e}", file=sys.stderr)
+        return 2
     model, note = (args.model, None) if args.model else default_model()
     if note:
         print(note, file=out)
-    llm = LLM(model)
-    defaults = llm.get_default_sampling_params()
-    sampling_params = type(defaults)(**{**defaults.__dict__, "max_tokens": args.max_tokens,
-                                        **({} if args.temperature is None else {"temperature": args.temperature})})
+    try:
+        llm = LLM(model)
+    except KeyboardInterrupt:  # Ctrl-C while the model loads (or converts, on first use)
+        print(file=out)
+        return 130
+    sampling_params = dataclasses.replace(llm.get_default_sampling_params(), **chosen)
     session = ChatSession(llm, sampling_params, args.system)
     how = ("/reset forgets the conversation, /exit or Ctrl-D quits" if session.is_chat else
            "it has no chat template, so each line you type is continued as text; /exit or Ctrl-D quits")
     print(f"minillm chat with {model}: {how}.", file=out)
+    try:
+        import readline  # noqa: F401  (line editing and the ↑ history, for input() at a terminal)
+    except ImportError:
+        pass
     while True:
         try:
             text = input(">>> " if session.is_chat else "... ").strip()

@@ -20,9 +20,9 @@ def shard(weight: torch.Tensor, dim: int, rank: int, tp_size: int) -> torch.Tens
     dimension to cut (0 splits a linear layer's output features, the rows of W; 1 its input features, the
     columns). rank: 0..tp_size-1. Returns a view (no copy) of shape weight.shape with dim divided by
     tp_size: along dim, the entries rank·n .. (rank+1)·n - 1, where n = weight.shape[dim] // tp_size. With
-    tp_size 1 the whole tensor comes back. The tests cut a [6, 4] and a [4, 6] tensor both ways for sizes 1, 2
-    and 3, check that the pieces are views that concatenate back to the whole, and load a column- and a
-    row-parallel layer through your function rank by rank.
+    tp_size 1 the whole tensor comes back. The tests cut a [6, 6] tensor both ways for sizes 1, 2 and 3
+    and check that the pieces are views that concatenate back to the whole, cut a [4, 2] tensor both ways in
+    two, and load a column- and a row-parallel layer through your function rank by rank.
 
     Example: weight = [[0, 1], [2, 3], [4, 5], [6, 7]], dim 0, tp_size 2: rank 0 gets [[0, 1], [2, 3]], rank 1
     [[4, 5], [6, 7]]; with dim 1, rank 1 gets [[1], [3], [5], [7]].

@@ -43,6 +43,9 @@ class Recorder:
         if report.failed:
             last_line = str(report.longrepr).strip().splitlines()[-1]
             self.results[report.nodeid] = Result(report.nodeid, None, "failed", last_line)
+        elif report.skipped and report.nodeid:  # a whole module skipped (chapter 09 without Triton): say why
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            self.results[report.nodeid] = Result(report.nodeid, None, "skipped", reason.removeprefix("Skipped: "))
 
 
 def run(chapters: list[str], impl: str = "exercises", exercise: str | None = None) -> tuple[list[Result], int, str]:
@@ -64,10 +67,14 @@ def scoreboard(chapters: list[str], results: list[Result], impl: str = "exercise
     names = {e.id: e.qualname for e in find_exercises() if e.chapter in chapters and exercise in (None, e.id)}
     names |= {id: "?" for id in by_exercise if id and id not in names}  # a test naming an unknown exercise
     lines, graded, done, failing = [], 0, 0, []
+    skipped = any(r.outcome == "skipped" for r in by_exercise.get(None, []))  # a whole test module skipped
     for chapter in chapters:
         lines.append(f"Chapter {chapter} ({CHAPTERS[chapter]}): {exercise_file(impl, chapter, Path()).as_posix()}")
         for id in sorted((i for i in names if i.startswith(chapter)), key=lambda i: int(i[3:])):
             rs = by_exercise.get(id, [])
+            if not rs and skipped:
+                lines.append(f"  SKIP  {id}  {names[id]}: not graded on this machine (below)")
+                continue
             if not rs:
                 lines.append(f"  --    {id}  {names[id]}: no tests yet, nothing to grade")
                 continue
@@ -77,10 +84,11 @@ def scoreboard(chapters: list[str], results: list[Result], impl: str = "exercise
             if failed := next((r for r in rs if r.outcome == "failed"), None):
                 lines.append(f"        {failed.test}: {failed.message}")
                 failing.append(id)
-    for r in by_exercise.get(None, []):  # collection errors, and tests without an exercise marker
-        lines.append(f"  FAIL  {r.test}: {r.message}")
+    for r in by_exercise.get(None, []):  # collection errors and skipped modules, tests without an exercise marker
+        lines.append(f"  {'SKIP' if r.outcome == 'skipped' else 'FAIL'}  {r.test}: {r.message}")
     passed = sum(r.outcome == "passed" for r in results)
-    lines.append(f"\n{done} of {graded} exercises done ({passed} of {len(results)} tests pass).")
+    tests = sum(r.exercise is not None or r.outcome != "skipped" for r in results)  # a skipped module is no test
+    lines.append(f"\n{done} of {graded} exercises done ({passed} of {tests} tests pass).")
     if done < graded:
         select = f"--exercise={exercise}" if exercise else f"-m '{' or '.join(f'ch{c}' for c in chapters)}'"
         lines.append(f"Details: pytest tests/exercises {select} --impl={impl}")
@@ -110,7 +118,8 @@ def selection(which: str) -> tuple[list[str], str | None]:
 
 def grade(which: str, impl: str = "exercises") -> int:
     """Print the scoreboard of one exercise ("05.4"), one chapter ("05") or every chapter with exercises ("all");
-    returns 0 if everything graded passes, 1 if something fails, 2 if there was nothing to grade."""
+    returns 0 if everything graded passes, 1 if something fails, 2 if there was nothing to grade (no tests, or
+    every test module skipped on this machine, as chapter 09's are without Triton)."""
     try:
         chapters, exercise = selection(which)
     except ValueError as e:
@@ -124,6 +133,8 @@ def grade(which: str, impl: str = "exercises") -> int:
         print(f"Nothing to grade: {where} has no exercise tests yet.")
         return 2
     print(scoreboard(chapters, results, impl, exercise))
+    if all(r.outcome == "skipped" and r.exercise is None for r in results):
+        return 2  # every module skipped on this machine (chapter 09 without Triton): nothing was graded
     return 0 if _all_pass(results) else 1
 
 

@@ -358,9 +358,10 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "where piece number `rank` starts, and take that stretch of the dimension, leaving the others whole.",
         "`weight.shape[dim] // tp_size` is the piece length; `weight.narrow(dim, start, length)` takes a "
         "stretch of one dimension as a view, without copying.",
-        "Start at rank times the piece length, not at rank. Do not use `chunk` or `split` and then index a "
-        "list only if you keep the result a view: the tests check that writing into the piece changes the "
-        "original. With tp_size 1 the piece is the whole tensor.",
+        "Start at rank times the piece length, not at rank. `weight.chunk(tp_size, dim)[rank]` works too, since "
+        "its pieces are views; what fails is a copy (`.clone()`, `.contiguous()` on a column piece, indexing with "
+        "a list of positions): the tests check that writing into the piece changes the original. With tp_size 1 "
+        "the piece is the whole tensor.",
     ),
     "10.2": (
         "Each rank holds the same number of heads of each kind: its share of the query heads, then its "

@@ -128,7 +128,7 @@ def test_backend_takes_the_kernel_and_its_torch_path_without_it(monkeypatch):
     torch.testing.assert_close(backend.decode(q, k_cache, v_cache, ctx, 0.25), expected)
     model = torch.nn.Sequential(LinearBase(4, 4))
     weight = model[0].weight
-    backend.process_weights(model)
+    backend.prepare_model(model)
     assert model[0].weight is weight and model[0].kernel is None and not calls
 
 
@@ -247,3 +247,62 @@ def test_the_engine_keeps_one_copy_of_each_weight():
     assert model.model.embed_tokens.weight is model.lm_head.weight  # tied: one table
     # the default model's sizes are whole panels: the parameters hold exactly the checkpoint's numbers, once
     assert sum(p.numel() for p in model.parameters()) == num_parameters(default_model_path())
+
+
+@pytest.mark.parametrize("rows", [1, 3, 64, 300])
+@pytest.mark.parametrize("hidden", [576, 64, 37])
+def test_norm_kernels_equal_the_torch_functions(rows, hidden):
+    """rms_norm and add_rms_norm (both outputs) of minillm.layers.rms_norm, for rows split over the threads and
+    a width that is not a whole number of vectors; the inputs are not changed."""
+    from minillm.layers.cpu_kernels import norm_cpu
+    from minillm.layers.rms_norm import add_rms_norm, rms_norm
+
+    g = torch.Generator().manual_seed(rows + hidden)
+    x, res, w = torch.randn(rows, hidden, generator=g), torch.randn(rows, hidden, generator=g), torch.randn(hidden)
+    x0, res0 = x.clone(), res.clone()
+    torch.testing.assert_close(norm_cpu(x, None, w, 1e-5), rms_norm(x, w, 1e-5), rtol=1e-5, atol=1e-5)
+    for got, expected in zip(norm_cpu(x, res, w, 1e-5), add_rms_norm(x, res, w, 1e-5)):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(x, x0) and torch.equal(res, res0)
+    heads = x[:, : hidden - hidden % 8].view(rows, -1, 8)  # a strided view of heads: Qwen3's q/k norm
+    torch.testing.assert_close(norm_cpu(heads, None, w[:8], 1e-6), rms_norm(heads, w[:8], 1e-6), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(1, 3072), (200, 3072), (4, 2, 14)])
+def test_silu_and_mul_kernel_equals_the_torch_function(shape):
+    from minillm.layers.activation import silu_and_mul
+    from minillm.layers.cpu_kernels import silu_and_mul_cpu
+
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(shape[0])) * 4
+    torch.testing.assert_close(silu_and_mul_cpu(x), silu_and_mul(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tokens,head_dim", [(1, 64), (130, 64), (5, 36)])
+def test_rotary_kernel_equals_the_torch_module(tokens, head_dim):
+    """The rotary kernel on q and k views of one packed qkv row per token (as the model splits them), at
+    scattered positions, against RotaryEmbedding's torch path; an out-of-range position is refused."""
+    from minillm.layers.cpu_kernels import rotary_cpu
+    from minillm.layers.rotary import RotaryEmbedding
+
+    rope = RotaryEmbedding(head_dim, 512, 10000.0)
+    g = torch.Generator().manual_seed(tokens)
+    qkv = torch.randn(tokens, (9 + 3) * head_dim, generator=g)
+    q, k = qkv[:, :9 * head_dim].view(tokens, 9, head_dim), qkv[:, 9 * head_dim:].view(tokens, 3, head_dim)
+    positions = torch.randint(0, 512, (tokens,), generator=g)
+    for got, expected in zip(rotary_cpu(positions, q, k, rope.cos_sin_cache), rope(positions, q, k)):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="position 512 outside the table"):
+        rotary_cpu(torch.full((tokens,), 512), q, k, rope.cos_sin_cache)
+
+
+def test_the_engine_runs_the_elementwise_kernels():
+    """The CPU backend gives every norm, the activation and the rotary embedding its C++ kernel; compiled layers
+    (chapter 08) keep the torch functions, which the compiler fuses."""
+    from minillm import LLM
+    from minillm.layers.activation import SiluAndMul
+    from minillm.layers.rms_norm import RMSNorm
+    from minillm.layers.rotary import RotaryEmbedding
+
+    model = LLM(num_kvcache_blocks=8).model_runner.model
+    layers = [m for m in model.modules() if isinstance(m, (RMSNorm, SiluAndMul, RotaryEmbedding))]
+    assert layers and all(m.kernel is not None for m in layers)

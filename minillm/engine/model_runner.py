@@ -59,7 +59,7 @@ class ModelRunner:
         for layer in self.model.modules():
             if isinstance(layer, Attention):
                 layer.backend = self.attn_backend
-        self.attn_backend.process_weights(self.model)  # the linear layers' kernels and their weights' layout
+        self.attn_backend.prepare_model(self.model)  # the layers' kernels and their weights' layout
         self.allocate_input_buffers(config)
         tp_size = group.size if group else 1  # each rank caches its share of the KV heads
         bytes_per_block = kv_cache_bytes_per_token(self.model.config, getattr(torch, config.dtype)) * self.block_size

@@ -8,10 +8,14 @@ from torch import nn
 
 from minillm.layers.paged_attention import (gather_context, paged_decode_attention, prefill_attention, store_decode_kvcache,
                                             store_kvcache)
-from minillm.layers.cpu_kernels import (cpu_kernels, embed_packed, linear_packed, pack_weights,
-                                        paged_decode_attention_cpu, release_freed_memory, store_kvcache_cpu)
+from minillm.layers.activation import SiluAndMul
+from minillm.layers.cpu_kernels import (cpu_kernels, embed_packed, linear_packed, norm_cpu, pack_weights,
+                                        paged_decode_attention_cpu, release_freed_memory, rotary_cpu,
+                                        silu_and_mul_cpu, store_kvcache_cpu)
 from minillm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from minillm.layers.linear import LinearBase, RowParallelLinear
+from minillm.layers.rms_norm import RMSNorm
+from minillm.layers.rotary import RotaryEmbedding
 from minillm.utils.context import Context, get_context
 
 
@@ -60,9 +64,9 @@ class TorchAttentionBackend:
     name = "torch"
     decode_rows = 16
 
-    def process_weights(self, model: nn.Module) -> None:
-        """After loading: give the linear layers (and the LM head) the matmul this backend runs instead of
-        F.linear, in each layer's `kernel`, and their weights the layout it reads. Here: none, F.linear."""
+    def prepare_model(self, model: nn.Module) -> None:
+        """After loading: give the layers the kernels this backend runs instead of their torch functions (each
+        layer's `kernel`), and the weights the layout those read. Here: none; the torch functions and F.linear."""
 
     def store_kvcache(self, k, v, k_cache, v_cache, ctx: Context) -> None:
         if ctx.is_prefill:  # slot -1: a token whose key is in a cached prefix block already, skipped
@@ -108,9 +112,10 @@ class CPUAttentionBackend(TorchAttentionBackend):
     def __init__(self):
         self.built = cpu_kernels()
 
-    def process_weights(self, model: nn.Module) -> None:
+    def prepare_model(self, model: nn.Module) -> None:
         """Every float32 weight a layer's forward multiplies by its kernel is replaced by its packed layout (one
-        copy: the plain one is freed), the tied embedding table included, which then looks rows up in it."""
+        copy: the plain one is freed), the tied embedding table included, which then looks rows up in it; the
+        norms, the activation and the rotary embedding get their C++ kernels."""
         tables = {id(m.weight): m for m in model.modules() if type(m) is VocabParallelEmbedding}
         layers = [m for m in model.modules() if runs_kernel(m) and m.weight.is_cpu and m.weight.dtype == torch.float32
                   and (id(m.weight) not in tables or tables[id(m.weight)].tp_size == 1)]
@@ -123,6 +128,10 @@ class CPUAttentionBackend(TorchAttentionBackend):
                 tables[id(weight)].weight, tables[id(weight)].kernel = layer.weight, embed_packed
         del weight
         release_freed_memory()
+        native = {RMSNorm: norm_cpu, SiluAndMul: silu_and_mul_cpu, RotaryEmbedding: rotary_cpu}
+        for layer in model.modules():  # the elementwise layers: one C++ call each instead of 5-10 torch ops
+            if type(layer) in native:
+                layer.kernel = native[type(layer)]
 
     def store_kvcache(self, k, v, k_cache, v_cache, ctx: Context) -> None:
         if k.is_cpu and self.built:

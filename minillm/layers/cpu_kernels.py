@@ -6,6 +6,8 @@
   block table, one task per (sequence, KV head) on all cores, with an online softmax over the blocks.
 - storing a step's keys and values into their cache slots (kv_cache_cpu.cpp): one copy per token, where the
   torch path's indexed writes cost more than the copy itself at small batches.
+- the elementwise layers (layers_cpu.cpp): RMSNorm with its residual add, SiLU-and-mul and the rotary embedding,
+  each one call and one pass over its rows where the torch functions are five to ten ops each.
 - the matmuls of the linear layers (linear_cpu.cpp), on a weight packed once into panels of output features:
   for one or two rows (decode at batch 1 or 2) a matrix-vector product bound by memory bandwidth, where BLAS
   reads the weights at a fraction of it; for more rows a matrix-matrix product, where BLAS repacks the weight on
@@ -27,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 SOURCES = [Path(__file__).parents[1] / "kernels" / "csrc" / name for name in
-           ("paged_attention_cpu.cpp", "kv_cache_cpu.cpp", "linear_cpu.cpp")]
+           ("paged_attention_cpu.cpp", "kv_cache_cpu.cpp", "linear_cpu.cpp", "layers_cpu.cpp")]
 
 
 @functools.cache
@@ -52,6 +54,11 @@ def cpu_kernels() -> bool:
     torch.library.register_fake("minillm_cpu::paged_decode_attention")(lambda q, *args: torch.empty_like(q))
     torch.library.register_fake("minillm_cpu::decode_attention")(lambda q, *args: torch.empty_like(q))
     torch.library.register_fake("minillm_cpu::linear")(lambda x, packed, b, out: x.new_empty(x.shape[0], out))
+    torch.library.register_fake("minillm_cpu::rms_norm")(lambda x, w, eps: x.new_empty(x.shape))
+    torch.library.register_fake("minillm_cpu::add_rms_norm")(lambda x, r, w, eps: (x.new_empty(x.shape),) * 2)
+    torch.library.register_fake("minillm_cpu::silu_and_mul")(lambda x: x.new_empty(*x.shape[:-1], x.shape[-1] // 2))
+    torch.library.register_fake("minillm_cpu::rotary")(lambda pos, q, k, cache: (q.new_empty(q.shape),
+                                                                                 k.new_empty(k.shape)))
     return True
 
 
@@ -134,6 +141,23 @@ def embed_packed(input_ids: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     the LM head's packed weight is the only copy of the table. Row t is column t % P of panel t // P."""
     panel = packed.shape[2]
     return packed[input_ids // panel, :, input_ids % panel]
+
+
+def norm_cpu(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    """RMSNorm.forward by the C++ kernels: rms_norm(x, weight, eps), or with a residual add_rms_norm's pair."""
+    if residual is None:
+        return torch.ops.minillm_cpu.rms_norm(x, weight, eps)
+    return torch.ops.minillm_cpu.add_rms_norm(x, residual, weight, eps)
+
+
+def silu_and_mul_cpu(x: torch.Tensor) -> torch.Tensor:
+    """minillm.layers.activation.silu_and_mul for float32 CPU tensors, in one pass."""
+    return torch.ops.minillm_cpu.silu_and_mul(x)
+
+
+def rotary_cpu(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor):
+    """RotaryEmbedding.forward by the C++ kernel: q and k rotated by each token's row of the cos | sin table."""
+    return torch.ops.minillm_cpu.rotary(positions, q, k, cos_sin_cache)
 
 
 def release_freed_memory() -> None:

@@ -9,7 +9,7 @@ import math
 import torch
 from torch import nn
 
-from minillm.utils.compile import hot
+from minillm.utils.compile import hot, layers_compiled
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
@@ -64,6 +64,10 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float), rope_inv_freq(head_dim, theta, scaling))
         self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), dim=-1), persistent=False)
 
+    kernel = None  # the backend's version, kernel(positions, q, k, cos_sin_cache), set by the model runner
+
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        if self.kernel is not None and not layers_compiled():
+            return self.kernel(positions, q, k, self.cos_sin_cache)
         cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
         return hot(apply_rotary)(q, cos, sin), hot(apply_rotary)(k, cos, sin)

@@ -62,6 +62,13 @@ def hot(fn):
     return compiled(fn) if _ENABLED and not torch.compiler.is_compiling() else fn
 
 
+def layers_compiled() -> bool:
+    """Whether the hot functions run compiled now: inside compiled_layers(True), or traced into a compiled step.
+    A layer with a native kernel of its backend's (the CPU's C++ ones) runs the function instead then, which the
+    compiler fuses."""
+    return _ENABLED or torch.compiler.is_compiling()
+
+
 @contextmanager
 def compiled_layers(enabled: bool):
     """Run the hot functions compiled (or not) inside the `with`; the previous setting comes back after."""

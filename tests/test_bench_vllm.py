@@ -246,3 +246,17 @@ def test_vllm_generates_minillms_greedy_tokens_on_the_default_model():
                                                      for n in workload.output_lens], use_tqdm=False)
     assert run.token_ids == [o.token_ids for o in ours]
     assert run.info["vllm_version"].startswith("0.") and run.info["startup_seconds"] > 0 and run.elapsed > 0
+
+
+def test_a_peer_out_of_memory_is_left_out_with_the_reason(monkeypatch, tmp_path, capsys):
+    from minillm.bench import cli
+
+    def out_of_memory(models, workload, warmup, args):
+        raise MemoryError("Memory footprint 8507072512 is more than available memory 6623603097")
+
+    monkeypatch.setitem(cli.BACKENDS, "hf-generate-batch", out_of_memory)
+    record = main([*TINY[:-1], "minillm,hf-generate-batch", "--repeats", "2", "--output-json", str(tmp_path / "r.json")])
+    assert list(record["results"]) == ["minillm"] and list(record["minillm_speedup"]) == []
+    assert record["failed_backends"] == {"hf-generate-batch": "MemoryError: Memory footprint 8507072512 is more than "
+                                                               "available memory 6623603097"}
+    assert "hf-generate-batch failed, left out of the comparison: MemoryError" in capsys.readouterr().out

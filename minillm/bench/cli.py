@@ -237,7 +237,8 @@ def compare(args, path: Path, engine_opts: dict, workload: Workload, warmup: Wor
     """Every backend of --backends on the workload, then on each of `repeats` (the same lengths, other prompts:
     --repeats rounds, in alternating order so that a slow spell of the machine does not fall on one backend
     alone); each backend counts its fastest round. With --peer vllm, vLLM too, last in the first round: every
-    round in one subprocess (one start-up), or skipped, with the reason, when its environment is absent.
+    round in one subprocess (one start-up), or skipped, with the reason, when its environment is absent. A peer
+    that runs out of memory is left out, with the reason (failed_backends), rather than losing the others' results.
     Results, minillm's speedups, its step breakdown and the memory building its engine took; printed."""
     models = Models(path, engine_opts)
     names = [b for b in BACKENDS if b in args.backends]
@@ -252,6 +253,7 @@ def compare(args, path: Path, engine_opts: dict, workload: Workload, warmup: Wor
             names.append("vllm")
             runs["vllm"] = []
     rounds = [workload, *repeats]
+    failed = {}  # backend -> why it has no results
     for r, round_workload in enumerate(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
             label = f" (round {r + 1} of {len(repeats) + 1})" if repeats else ""
@@ -262,11 +264,20 @@ def compare(args, path: Path, engine_opts: dict, workload: Workload, warmup: Wor
             round_args = args
             if r and name == "hf-generate":  # later rounds rerun the batch size the first round found fastest
                 round_args = argparse.Namespace(**vars(args) | {"hf_batch_size": runs[name][0].info["batch_size"]})
-            run = BACKENDS[name](models, round_workload, warmup, round_args)
+            if name in failed:
+                continue
+            try:
+                run = BACKENDS[name](models, round_workload, warmup, round_args)
+            except MemoryError as e:  # a peer sizing its cache from the RAM left (transformers' continuous batching)
+                if name.startswith("minillm"):
+                    raise
+                print(f"{name} failed, left out of the comparison: MemoryError: {e}")
+                failed[name] = f"MemoryError: {e}"
+                continue
             check_token_counts(name, run.token_ids, round_workload.output_lens)
             runs[name].append(run)
             print(f"{name}{label}: {workload.num_output_tokens / run.elapsed:.1f} output tokens/s")
-    results, speedup = summarize(runs, workload)
+    results, speedup = summarize({name: r for name, r in runs.items() if name not in failed}, workload)
     breakdown = min(runs["minillm"], key=lambda run: run.elapsed).info["breakdown"] if "minillm" in runs else None
     print("\n" + results_table(results, speedup) + ("\n(each backend's fastest of its rounds)" if repeats else ""))
     if len(results.get("hf-generate", {}).get("tried", [])) > 1:
@@ -283,7 +294,8 @@ def compare(args, path: Path, engine_opts: dict, workload: Workload, warmup: Wor
         print("\nminillm step breakdown (share of step time)\n" + breakdown_table(breakdown))
     if models.memory:
         print("\n" + describe_memory(models.memory))
-    return dict(results=results, minillm_speedup=speedup, breakdown=breakdown, memory=models.memory, **peer)
+    return dict(results=results, minillm_speedup=speedup, breakdown=breakdown, memory=models.memory, **peer,
+                **({"failed_backends": failed} if failed else {}))
 
 
 def run_vllm_peer(models: Models, rounds: list[Workload], warmup: Workload, args, venv: Path, runs: dict,

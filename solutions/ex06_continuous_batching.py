@@ -53,8 +53,8 @@ class Scheduler(minillm.engine.scheduler.Scheduler):
         (a free seat), and token budget is left (it starts at `self.max_num_batched_tokens` each step). Always
         look at the head, `seq = self.waiting[0]`; never skip it, so nobody overtakes a request that waits.
         1. If `seq.block_table` is empty (new, or preempted), it needs blocks: stop the loop if
-           `self.block_manager.can_allocate(seq)` is False (the cache is full: it stays first in waiting, with
-           no block_table). Otherwise `self.block_manager.allocate(seq)` (this sets `seq.num_cached_tokens`,
+           `self.can_admit(seq)` is False (the cache is full, or would be once the running sequences grow: it
+           stays first in waiting, with no block_table). Otherwise `self.block_manager.allocate(seq)` (this sets `seq.num_cached_tokens`,
            the prefix-cache hit) and start `seq.num_computed_tokens` there, but at most `len(seq) - 1`: the
            last token is always computed, as its logits give the next token. A head that already has a
            block_table is a long prompt part-way through its chunks: do not allocate it again.
@@ -67,8 +67,8 @@ class Scheduler(minillm.engine.scheduler.Scheduler):
            to SequenceStatus.RUNNING.
         Do not touch `num_computed_tokens` after scheduling: `postprocess` advances it once the step ran.
 
-        Examples (blocks of 4 tokens): with max_num_seqs=2 and prompts of 10, 11 and 12 tokens, one step
-        admits the first two (both RUNNING, each with a block_table) and the third stays in waiting. With a
+        Examples (blocks of 4 tokens, new_token_ratio 0, where can_admit asks only that the prompt fit): with
+        max_num_seqs=2 and prompts of 10, 11 and 12 tokens, one step admits the first two (both RUNNING, each with a block_table) and the third stays in waiting. With a
         budget of 8, a 20-token prompt is scheduled as 8, 8 and 4 over three steps (only the last samples).
         With 3 free blocks, prompts of 8 and 8 tokens: the first takes 2 blocks and runs; the second cannot be
         allocated, so the step returns only the first and the second waits with an empty block_table.
@@ -78,7 +78,7 @@ class Scheduler(minillm.engine.scheduler.Scheduler):
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             seq = self.waiting[0]
             if not seq.block_table:
-                if not self.block_manager.can_allocate(seq):
+                if not self.can_admit(seq):
                     break
                 self.block_manager.allocate(seq)
                 seq.num_computed_tokens = min(seq.num_cached_tokens, len(seq) - 1)  # always compute one token

@@ -107,7 +107,7 @@ def run_step(s: Scheduler, token: int = 7):
 def test_a_high_priority_request_is_never_the_victim_while_a_lower_one_runs():
     # 5 blocks of 2: low, admitted first, decodes ahead of high in the running queue; when both need a block
     # and one is left, low takes it first, and then high must preempt low, not itself.
-    s = Scheduler(Config(scheduling_policy="priority"), BlockManager(5, 2), eos_token_ids=[0])
+    s = Scheduler(Config(scheduling_policy="priority", new_token_ratio=0.0), BlockManager(5, 2), eos_token_ids=[0])
     low = Sequence([1, 2], priority=0)
     s.add(low)
     run_step(s)
@@ -120,7 +120,7 @@ def test_a_high_priority_request_is_never_the_victim_while_a_lower_one_runs():
 
 
 def test_a_waiting_request_of_higher_priority_preempts_a_running_lower_one():
-    s = Scheduler(Config(scheduling_policy="priority", max_num_seqs=1), BlockManager(8, 2), eos_token_ids=[0])
+    s = Scheduler(Config(scheduling_policy="priority", max_num_seqs=1, new_token_ratio=0.0), BlockManager(8, 2), eos_token_ids=[0])
     low = Sequence([1, 2, 3], priority=0)
     s.add(low)
     run_step(s)

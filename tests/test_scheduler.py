@@ -1,4 +1,5 @@
 """Scheduler decisions on their own (no model): budgets, chunking, preemption order, finishing."""
+import pytest
 from minillm.config import Config
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.scheduler import Scheduler
@@ -7,7 +8,9 @@ from minillm.sampling_params import SamplingParams
 
 
 def scheduler(num_blocks=16, block_size=4, **kw) -> Scheduler:
-    return Scheduler(Config(**kw), BlockManager(num_blocks, block_size), eos_token_ids=[0])
+    """A scheduler that admits whatever fits (new_token_ratio 0) unless told otherwise: the tests of budgets and
+    preemption set up caches that the running requests outgrow."""
+    return Scheduler(Config(**{"new_token_ratio": 0.0, **kw}), BlockManager(num_blocks, block_size), eos_token_ids=[0])
 
 
 def run_step(s: Scheduler, token=7):
@@ -86,3 +89,33 @@ def test_ignore_eos_keeps_going():
     for _ in range(3):
         run_step(s, token=0)
     assert seq.finish_reason == "length" and seq.completion_token_ids == [0, 0, 0]
+
+
+def recomputed_tokens(new_token_ratio: float) -> tuple[int, int]:
+    """Run 6 requests (8-token prompts, 24 tokens each) on a cache of 20 blocks of 4 (80 slots; together they need
+    192): the tokens computed beyond the 6 x (8 + 24) needed, which preemptions recompute, and the peak batch."""
+    s = scheduler(num_blocks=20, new_token_ratio=new_token_ratio)
+    for i in range(6):
+        s.add(Sequence(list(range(10 * i + 1, 10 * i + 9)), SamplingParams(max_tokens=24, ignore_eos=True)))
+    computed, peak = 0, 0
+    while not s.is_finished():
+        seqs, _ = s.schedule()
+        computed += sum(seq.num_scheduled_tokens for seq in seqs)
+        peak = max(peak, len(s.running))
+        s.postprocess(seqs, [7 if seq.samples_this_step else None for seq in seqs])
+    return computed - 6 * (8 + 24 - 1), peak  # the last token is sampled, never computed
+
+
+def test_admission_keeps_room_for_the_running_requests_growth():
+    """Admitting whatever fits (ratio 0, vLLM's way) overfills the cache and recomputes preempted requests; with
+    room kept for the whole remaining max_tokens (ratio 1) nothing is recomputed and fewer requests run at once."""
+    wasted, peak = recomputed_tokens(0.0)
+    assert wasted > 0 and peak >= 4
+    wasted, peak = recomputed_tokens(1.0)
+    assert wasted == 0 and peak == 2
+
+
+@pytest.mark.parametrize("ratio", [-0.1, 1.5, "half"])
+def test_new_token_ratio_is_checked(ratio):
+    with pytest.raises(ValueError, match="new_token_ratio must be a number in \\[0, 1\\]"):
+        Config(new_token_ratio=ratio)

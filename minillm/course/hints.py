@@ -233,7 +233,7 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "Admit sequences from the front of `self.waiting`, in order, while there is a seat "
         "(`self.max_num_seqs` running) and token budget left (`self.max_num_batched_tokens` per step). Stop at "
         "the first one whose blocks do not fit, so nobody overtakes it; return the scheduled sequences.",
-        "A sequence without blocks is allocated only if `self.block_manager.can_allocate(seq)`; then its "
+        "A sequence without blocks is allocated only if `self.can_admit(seq)`; then its "
         "num_computed_tokens starts at num_cached_tokens, capped at len(seq) − 1. Schedule min(tokens left, "
         "budget) as num_scheduled_tokens, take them off the budget, and call "
         "`self.block_manager.cache_blocks(seq, computed + scheduled)`.",

@@ -3,8 +3,9 @@
 Prefill first: waiting sequences are admitted while the batch has room (max_num_seqs sequences,
 max_num_batched_tokens tokens) and the KV cache has blocks; a prompt longer than the token budget is
 prefilled in chunks over several steps. With nothing to prefill, every running sequence decodes one token.
-When the cache runs out during decode, a sequence is preempted: its blocks are freed and it waits to be
-recomputed (its prefix blocks often survive in the prefix cache). A step that fails is rolled back: the
+A new request is admitted only while the cache keeps room for part of its own and the running ones'
+growth (new_token_ratio); when it runs out anyway during decode, a sequence is preempted: its blocks are
+freed and it waits to be recomputed (its prefix blocks often survive in the prefix cache). A step that fails is rolled back: the
 blocks it was to fill stop being findable by hash, and its sequences are preempted.
 """
 from bisect import bisect_right
@@ -28,6 +29,7 @@ class Scheduler:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.policy = config.scheduling_policy
+        self.new_token_ratio = config.new_token_ratio
         self.block_manager = block_manager
         self.eos_token_ids = set(eos_token_ids)
         self.waiting: deque[Sequence] = deque()
@@ -65,10 +67,19 @@ class Scheduler:
         while self.waiting and self.running:
             head, victim = self.waiting[0], max(self.running, key=self.queue_key)
             has_room = len(self.running) < self.max_num_seqs and (
-                head.block_table or self.block_manager.can_allocate(head))
+                head.block_table or self.can_admit(head))
             if has_room or victim.priority >= head.priority:
                 return
             self.preempt(victim)
+
+    def can_admit(self, seq: Sequence) -> bool:
+        """Whether a new (or preempted) seq may take blocks for its tokens now: they fit with room for
+        new_token_ratio of its remaining max_tokens and of every running sequence's, so that admitting seq does
+        not force a preemption (a recomputation from scratch) some steps later."""
+        bm, ratio = self.block_manager, self.new_token_ratio
+        growth = sum(max(0, bm.num_blocks(len(s) + int(ratio * s.remaining_tokens)) - len(s.block_table))
+                     for s in self.running)
+        return bm.num_free_blocks >= bm.num_blocks(len(seq) + int(ratio * seq.remaining_tokens)) + growth
 
     def schedule_prefill(self) -> list[Sequence]:
         """The sequences admitted for a prefill step, in order, each with `num_scheduled_tokens` set ([] if none).
@@ -77,8 +88,8 @@ class Scheduler:
         (a free seat), and token budget is left (it starts at `self.max_num_batched_tokens` each step). Always
         look at the head, `seq = self.waiting[0]`; never skip it, so nobody overtakes a request that waits.
         1. If `seq.block_table` is empty (new, or preempted), it needs blocks: stop the loop if
-           `self.block_manager.can_allocate(seq)` is False (the cache is full: it stays first in waiting, with
-           no block_table). Otherwise `self.block_manager.allocate(seq)` (this sets `seq.num_cached_tokens`,
+           `self.can_admit(seq)` is False (the cache is full, or would be once the running sequences grow: it
+           stays first in waiting, with no block_table). Otherwise `self.block_manager.allocate(seq)` (this sets `seq.num_cached_tokens`,
            the prefix-cache hit) and start `seq.num_computed_tokens` there, but at most `len(seq) - 1`: the
            last token is always computed, as its logits give the next token. A head that already has a
            block_table is a long prompt part-way through its chunks: do not allocate it again.
@@ -91,8 +102,8 @@ class Scheduler:
            to SequenceStatus.RUNNING.
         Do not touch `num_computed_tokens` after scheduling: `postprocess` advances it once the step ran.
 
-        Examples (blocks of 4 tokens): with max_num_seqs=2 and prompts of 10, 11 and 12 tokens, one step
-        admits the first two (both RUNNING, each with a block_table) and the third stays in waiting. With a
+        Examples (blocks of 4 tokens, new_token_ratio 0, where can_admit asks only that the prompt fit): with
+        max_num_seqs=2 and prompts of 10, 11 and 12 tokens, one step admits the first two (both RUNNING, each with a block_table) and the third stays in waiting. With a
         budget of 8, a 20-token prompt is scheduled as 8, 8 and 4 over three steps (only the last samples).
         With 3 free blocks, prompts of 8 and 8 tokens: the first takes 2 blocks and runs; the second cannot be
         allocated, so the step returns only the first and the second waits with an empty block_table.
@@ -102,7 +113,7 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             seq = self.waiting[0]
             if not seq.block_table:
-                if not self.block_manager.can_allocate(seq):
+                if not self.can_admit(seq):
                     break
                 self.block_manager.allocate(seq)
                 seq.num_computed_tokens = min(seq.num_cached_tokens, len(seq) - 1)  # always compute one token

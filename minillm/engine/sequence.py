@@ -48,6 +48,11 @@ class Sequence:
         return len(self.token_ids) - self.num_prompt_tokens
 
     @property
+    def remaining_tokens(self) -> int:
+        """How many more tokens max_tokens allows (an EOS may end the request before)."""
+        return self.sampling_params.max_tokens - self.num_completion_tokens
+
+    @property
     def completion_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens:]
 

@@ -65,7 +65,7 @@ def test_top_p_applies_to_the_top_k_renormalised(impl):
 
 
 def scheduler(num_blocks=16, block_size=4, **config):
-    return Scheduler(Config(**config), BlockManager(num_blocks, block_size), eos_token_ids=[0])
+    return Scheduler(Config(**{"new_token_ratio": 0.0, **config}), BlockManager(num_blocks, block_size), eos_token_ids=[0])
 
 
 def step(s, token=7):

@@ -97,7 +97,7 @@ def test_peer_needs_the_roofline(capsys):
 
     with pytest.raises(SystemExit):
         main(["--peer", "llama-cpp", "--random-size", "tiny"])
-    assert "--peer runs with --roofline only" in capsys.readouterr().err
+    assert "--peer llama-cpp runs with --roofline only" in capsys.readouterr().err
 
 
 def test_roofline_record_with_the_llama_cpp_peer(tmp_path, monkeypatch):

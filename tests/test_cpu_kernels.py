@@ -306,3 +306,16 @@ def test_the_engine_runs_the_elementwise_kernels():
     model = LLM(num_kvcache_blocks=8).model_runner.model
     layers = [m for m in model.modules() if isinstance(m, (RMSNorm, SiluAndMul, RotaryEmbedding))]
     assert layers and all(m.kernel is not None for m in layers)
+
+
+def test_the_build_is_named_by_isa_flags_sources_and_cpu(monkeypatch, tmp_path):
+    """torch caches extensions by name: builds for another CPU, other flags or other sources get other names."""
+    from minillm.layers import cpu_kernels as ck
+
+    name = ck.extension_name("AVX512", ["-O3"])
+    assert name.startswith("minillm_cpu_avx512_") and name == ck.extension_name("AVX512", ["-O3"])
+    assert ck.extension_name("AVX2", ["-O3"]) != name and ck.extension_name("AVX512", ["-O2"]) != name
+    other = tmp_path / "other.cpp"
+    other.write_text("// another source")
+    monkeypatch.setattr(ck, "SOURCES", [*ck.SOURCES, other])
+    assert ck.extension_name("AVX512", ["-O3"]) != name

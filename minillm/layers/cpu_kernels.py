@@ -14,13 +14,16 @@
   every call.
 
 They are compiled together on first use by torch.utils.cpp_extension (a C++ compiler and ninja; -march=native,
-so built for this machine), once: the build is cached in torch's extensions directory. Where they cannot be
+so built for this machine), once: the build is cached in torch's extensions directory under a name that carries
+the instruction-set level and a digest of the flags, sources and CPU (extension_name). Where they cannot be
 built, `cpu_kernels` says why in one warning and returns False, and callers keep the torch path.
 """
 import ctypes
 import functools
+import hashlib
 import itertools
 import os
+import platform
 import shutil
 import warnings
 from pathlib import Path
@@ -30,6 +33,20 @@ import torch.nn.functional as F
 
 SOURCES = [Path(__file__).parents[1] / "kernels" / "csrc" / name for name in
            ("paged_attention_cpu.cpp", "kv_cache_cpu.cpp", "linear_cpu.cpp", "layers_cpu.cpp")]
+
+
+def extension_name(isa: str, flags: list[str]) -> str:
+    """The build's name in torch's extension cache, which is keyed by name: the instruction-set level, and a digest
+    of the flags, the sources and this CPU's feature flags. -march=native builds for this very CPU, so a cache
+    shared between machines (or checkouts with other sources) must never hand one's build to another."""
+    digest = hashlib.sha256(" ".join(flags).encode())
+    for source in SOURCES:
+        digest.update(source.read_bytes())
+    cpuinfo = Path("/proc/cpuinfo")
+    features = next((line for line in cpuinfo.read_text().splitlines() if line.startswith(("flags", "Features"))),
+                    "") if cpuinfo.exists() else platform.processor()
+    digest.update(features.encode())
+    return f"minillm_cpu_{isa.lower()}_{digest.hexdigest()[:12]}"
 
 
 @functools.cache
@@ -43,7 +60,7 @@ def cpu_kernels() -> bool:
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
         isa = torch.backends.cpu.get_cpu_capability()  # at::vec's instruction set, as torch's own kernels pick it
         flags = ["-O3", "-march=native", "-fopenmp", f"-DCPU_CAPABILITY={isa}", f"-DCPU_CAPABILITY_{isa}"]
-        load("minillm_cpu", [str(s) for s in SOURCES], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+        load(extension_name(isa, flags), [str(s) for s in SOURCES], extra_cflags=flags, extra_ldflags=["-fopenmp"],
              is_python_module=False)
     except Exception as e:  # no compiler, no ninja, a failed build: the engine runs on without the kernels
         lines = str(e).splitlines() or [repr(e)]  # a failed build: its first line is the command, then the errors

@@ -18,7 +18,9 @@ of two for its scheduler process). vLLM keeps its own defaults otherwise (its bl
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -109,12 +111,25 @@ def environment(threads: int) -> dict:
                       VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
 
 
+def die_with_parent() -> None:
+    """In the child, before it runs (Linux): SIGTERM when the bench's process dies, however it dies (a `timeout`
+    or a kill ends the bench without running its clean-up), so that no vLLM goes on computing unwatched; vLLM's
+    engine core process follows its own parent out."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def run_subprocess(argv: list[str], env: dict, log: Path, timeout: float) -> int:
     """Run argv with its output (vLLM logs plenty) into log; its exit status."""
     with open(log, "w") as out:
         try:
             return subprocess.run(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  timeout=timeout).returncode
+                                  timeout=timeout, preexec_fn=die_with_parent if sys.platform == "linux" else None
+                                  ).returncode
         except subprocess.TimeoutExpired:
             out.write(f"\n[minillm.bench: killed after {timeout:.0f} s]\n")
             return -9

@@ -208,10 +208,13 @@ def test_peer_arguments_accepted():
 def test_memory_arithmetic_and_line():
     mb = 10**6
     m = engine_growth(dict(rss=100 * mb, peak_rss=150 * mb), dict(rss=700 * mb, peak_rss=900 * mb), 200 * mb, 300 * mb)
-    assert m["rss_growth_bytes"] == 600 * mb and m["peak_rss_growth_bytes"] == 750 * mb
+    assert m["rss_growth_bytes"] == 600 * mb and m["peak_rss_growth_bytes"] == 800 * mb  # 900 - 100
     assert m["growth_over_weights_and_kv"] == pytest.approx(1.2)
     assert describe(m) == ("minillm engine memory: resident +600 MB building LLM(...) = 1.20 x (weights 200 MB + "
-                           "KV cache budget 300 MB); its peak +750 MB")
+                           "KV cache budget 300 MB); its peak +800 MB")
+    earlier_peak = engine_growth(dict(rss=100 * mb, peak_rss=950 * mb), dict(rss=700 * mb, peak_rss=950 * mb), 1, 1)
+    assert earlier_peak["peak_rss_growth_bytes"] is None  # the build's own peak is hidden under an earlier one
+    assert describe(earlier_peak).endswith("MB)")
     unknown = engine_growth(None, None, 200 * mb, 300 * mb)
     assert unknown["rss_growth_bytes"] is None and "not measurable" in describe(unknown)
     now = process_memory()

@@ -27,7 +27,8 @@ def engine_growth(before: dict | None, after: dict | None, weight_bytes: int, kv
                   kv_cache_allocated_bytes: int | None = None) -> dict:
     """The record's memory field: resident memory before and after building the engine, its growth, the bytes the
     engine must hold (the checkpoint's weights, the KV cache budget) and growth / (weights + KV budget): 1.0 would
-    be nothing but the weights and the cache. The peak's growth too, where the peak is known."""
+    be nothing but the weights and the cache. And the build's peak above the memory before, where the process's
+    peak (VmHWM) rose during the build, so that the new peak is the build's own; None otherwise."""
     out = dict(weight_bytes=weight_bytes, kv_cache_budget_bytes=kv_cache_budget_bytes,
                kv_cache_allocated_bytes=kv_cache_allocated_bytes, source=None, rss_before_bytes=None,
                rss_after_bytes=None, rss_growth_bytes=None, peak_rss_growth_bytes=None,
@@ -35,8 +36,8 @@ def engine_growth(before: dict | None, after: dict | None, weight_bytes: int, kv
     if before is None or after is None:
         return out
     growth = after["rss"] - before["rss"]
-    peak = (after["peak_rss"] - before["peak_rss"]
-            if after.get("peak_rss") is not None and before.get("peak_rss") is not None else None)
+    peak = (after["peak_rss"] - before["rss"] if after.get("peak_rss") is not None
+            and before.get("peak_rss") is not None and after["peak_rss"] > before["peak_rss"] else None)
     return out | dict(source="/proc/self/status" if after.get("peak_rss") is not None else "psutil",
                       rss_before_bytes=before["rss"], rss_after_bytes=after["rss"], rss_growth_bytes=growth,
                       peak_rss_growth_bytes=peak, growth_over_weights_and_kv=growth / (weight_bytes + kv_cache_budget_bytes))

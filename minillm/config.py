@@ -3,6 +3,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 
 def default_model_path() -> Path:
     """The embedded default model: a small story-telling Qwen3 that ships inside the package."""
@@ -21,6 +23,18 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3"
 # model it dequantized from a GGUF file (GGUF blocks live in the .gguf file, never in a safetensors file)
 DEQUANTIZED_METHODS = ("gguf",)
 ROPE_TYPES = ("default", "linear", "llama3")  # what minillm.layers.rotary implements
+DTYPES = ("float32", "bfloat16", "float16")  # what the model may compute in
+
+
+def resolve_dtype(dtype: str, device: str, checkpoint_dtype: str | None) -> str:
+    """The dtype the engine computes in. "auto" is float32 on a CPU (minillm's CPU kernels are float32) and, on
+    CUDA, the checkpoint's dtype when it is a 16-bit one, else bfloat16: a float32 checkpoint would halve the
+    throughput of a weight-bound step, and vLLM computes it in 16 bits too. Any other value is kept."""
+    if dtype != "auto":
+        return dtype
+    if torch.device(device).type != "cuda":
+        return "float32"
+    return checkpoint_dtype if checkpoint_dtype in ("bfloat16", "float16") else "bfloat16"
 
 
 def architecture_of(cfg: dict) -> str:
@@ -90,6 +104,7 @@ class ModelConfig:
     mlp_bias: bool = False
     bos_token_id: int | None = None
     eos_token_id: list[int] = field(default_factory=list)
+    dtype: str | None = None  # what the weights are stored in (config.json's torch_dtype, or dtype in transformers 5)
 
     @classmethod
     def from_dict(cls, cfg: dict) -> "ModelConfig":
@@ -122,6 +137,7 @@ class ModelConfig:
             mlp_bias=cfg.get("mlp_bias", False),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=[] if eos is None else [eos] if isinstance(eos, int) else list(eos),
+            dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
         )
 
     @classmethod
@@ -153,7 +169,9 @@ class Config:
     # the running requests grow, and each preemption recomputes a request from scratch (SmolLM2-135M, mixed
     # workload, 512 MB of cache: 27% of the tokens computed were recomputed ones; with 0.5, none).
     new_token_ratio: float = 0.5
-    dtype: str = "float32"
+    # "float32", "bfloat16", "float16", or "auto" (vLLM's default): float32 on a CPU, whose kernels here are float32;
+    # on CUDA the checkpoint's 16-bit dtype, bfloat16 for a float32 checkpoint (resolve_dtype)
+    dtype: str = "auto"
     device: str = "cpu"
     attention_backend: str = "auto"  # "torch" (the reference), "cpu" (a C++ decode kernel) or "triton" (chapter 09);
     # auto: triton on CUDA, cpu on a CPU
@@ -183,5 +201,7 @@ class Config:
             raise ValueError(f"num_kvcache_blocks must be >= 1, got {self.num_kvcache_blocks!r}")
         if not (isinstance(self.new_token_ratio, (int, float)) and 0 <= self.new_token_ratio <= 1):
             raise ValueError(f"new_token_ratio must be a number in [0, 1], got {self.new_token_ratio!r}")
+        if self.dtype not in ("auto", *DTYPES):
+            raise ValueError(f"dtype must be 'auto' or one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")

@@ -6,8 +6,7 @@ contradict the text.
 bandwidth, rate or size, "N times faster/more", and directions stated about this machine ("slower here"). What
 is flagged and is no measurement (a datasheet figure, a model's size, arithmetic on shapes, a self-check's
 hypothetical) is listed in ALLOWED with its reason; anything else fails, naming the notebook, the cell and the
-line. An entry that no longer matches anything fails too (the list stays honest), except TEMPORARY ones: those
-are measured figures in text another change is rewriting, kept only until it lands.
+line. An entry that no longer matches anything fails too (the list stays honest).
 """
 from dataclasses import dataclass
 
@@ -24,14 +23,9 @@ class Allowed:
     text: str  # the flagged figure, exactly as find_claims reports it
     context: str  # words on the same line, to pin the entry to one sentence
     reason: str
-    temporary: bool = False  # a measured figure awaiting its fix elsewhere: no staleness check
 
     def covers(self, notebook: str, finding) -> bool:
         return notebook == self.notebook and finding.text == self.text and self.context in finding.line
-
-
-def temporary(notebook, text, context, reason):
-    return Allowed(notebook, text, context, "TEMPORARY: " + reason, temporary=True)
 
 
 SHAPES = "arithmetic on the model's or the tensors' shapes: the same on every machine"
@@ -47,10 +41,6 @@ ALLOWED = [
     Allowed("03", "10%", "The MLPs hold 70% of the weights", "shares of the parameter count: " + SHAPES),
     Allowed("03", "70%", "holds about 70% of the weights", "a share of the parameter count: " + SHAPES),
     Allowed("03", "13 MiB", "these weights once (13 MiB here", "the default model's size, a constant"),
-    temporary("03", "slower, as it does here", "recomputing the past makes every step slower",
-              "a measured direction in chapter 03's prose, outside this change: render it from the cell's timing"),
-    temporary("04", "faster, steadier timings here", "One thread gives faster",
-              "a measured direction in chapter 04's prose, outside this change: print it from a measurement"),
     Allowed("04", "1 GB", "sequence of 8k tokens needs about", "KV-cache bytes from a model's config: " + SHAPES),
     Allowed("04", "69 GB", "four times the 16 GB of weights", "KV-cache bytes from a model's config: " + SHAPES),
     Allowed("04", "16 GB", "four times the 16 GB of weights", "a model's size, a constant"),
@@ -62,10 +52,6 @@ ALLOWED = [
     Allowed("04", "1 GiB", "131,072 bytes = 128 KiB per token", "the worked KV-cache formula: " + SHAPES),
     Allowed("04", "1.07 GB", "131,072 bytes = 128 KiB per token", "the worked KV-cache formula: " + SHAPES),
     Allowed("05", "4 KiB", "copies each 4 KiB block", "a block's size: " + SHAPES),
-    temporary("05", "faster on this CPU", "several times faster on this CPU",
-              "a measured direction in chapter 05's prose, outside this change: print the ratio from the cell"),
-    temporary("05", "9×", "2-9× faster than gathering first",
-              "a measured speedup range in chapter 05's prose, outside this change: measure it in the notebook"),
     Allowed("05", "128 KiB", "Bytes are for Llama-3-8B in bf16", "KV bytes per token from a config: " + SHAPES),
     Allowed("05", "82 %", "holds 5.6 times the memory", "counted on a seeded synthetic workload: deterministic"),
     Allowed("05", "5.6 times the", "holds 5.6 times the memory", "counted on a seeded synthetic workload: deterministic"),
@@ -78,10 +64,6 @@ ALLOWED = [
     Allowed("05", "0.4 %", "from about 0.9 % to 0.4 %", "counted on a seeded synthetic workload: deterministic"),
     Allowed("05", "1 %", "At 16 the waste is already around", "counted on a seeded workload: deterministic"),
     Allowed("05", "80 %", "and the 60–80 % of KV memory", "a published figure (the vLLM paper), cited"),
-    temporary("06", "10 ms", "8 and 10 ms in two runs with one thread",
-              "timings measured while writing chapter 06, outside this change: measure them in the notebook"),
-    temporary("06", "25 ms", "8 and 10 ms in two runs with one thread",
-              "timings measured while writing chapter 06, outside this change: measure them in the notebook"),
     Allowed("06", "512 MiB", "rather than its default 512 MiB", "a configuration default, a constant"),
     Allowed("07", "47%", "15 of 32 rows, about 47%", "a self-check's arithmetic on bucket sizes"),
     Allowed("08", "2.5 times the", "moves about 2.5 times the bytes", "bytes counted from shapes: " + SHAPES),
@@ -156,7 +138,7 @@ def test_prose_states_no_measured_figure(path):
 
 def test_every_permanent_allowance_still_matches_something():
     found = {p.name[:2]: [f for _, f in findings(nbformat.read(p, as_version=4))] for p in NOTEBOOKS}
-    stale = [a for a in ALLOWED if not a.temporary and not any(a.covers(a.notebook, f) for f in found.get(a.notebook, []))]
+    stale = [a for a in ALLOWED if not any(a.covers(a.notebook, f) for f in found.get(a.notebook, []))]
     assert not stale, "allow-list entries that match no text any more (remove them):\n  " + "\n  ".join(map(str, stale))
 
 

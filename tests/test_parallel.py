@@ -172,6 +172,23 @@ def test_a_step_that_fails_on_rank_0_mid_forward_is_recovered(tp2, expected, mon
     assert tokens(tp2) == expected["greedy"], "after renewing its group, the engine gives a fresh engine's tokens"
 
 
+def test_a_failed_step_closes_an_engine_whose_group_cannot_be_renewed(monkeypatch):
+    """CUDA's case (NCCL cannot release a peer waiting in a collective), run on gloo with `renewable` off: the
+    engine closes with a clear error, and the worker stuck in the all-reduce is terminated at once."""
+    before = shm()
+    llm = LLM(tensor_parallel_size=2, num_kvcache_blocks=64)
+    llm.model_runner.group.renewable = False
+    worker = llm.workers[0]
+    mlp = llm.model_runner.model.model.layers[2].mlp
+    monkeypatch.setattr(mlp, "forward", lambda x: (_ for _ in ()).throw(RuntimeError("injected")))
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="failed half-way on CUDA.*create a new LLM"):
+        tokens(llm)
+    assert time.monotonic() - start < 8 and not alive(worker.pid) and shm() <= before
+    with pytest.raises(RuntimeError, match="this engine is closed"):
+        tokens(llm)
+
+
 def test_garbage_collection_stops_the_workers():
     llm = LLM(tensor_parallel_size=2)
     pids = [p.pid for p in llm.workers]

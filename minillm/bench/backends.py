@@ -3,6 +3,7 @@
 A backend takes the models, the workload and a short warm-up workload; it runs the warm-up (first calls
 pay for allocations and lazy initialisation), then times the workload and returns a Run.
 """
+import gc
 import time
 from dataclasses import dataclass, field
 from functools import cached_property, partial
@@ -16,7 +17,8 @@ from minillm.bench.breakdown import StepBreakdown, find, wrapped
 from minillm.bench.memory import engine_growth, process_memory
 from minillm.bench.models import num_parameters
 from minillm.bench.workloads import Workload
-from minillm.config import Config
+from minillm.config import Config, ModelConfig, resolve_dtype
+from minillm.layers.cpu_kernels import release_freed_memory
 from minillm.naive import generate_static
 
 
@@ -48,10 +50,13 @@ class Models:
         """The engine; building it records self.memory: the process's resident memory before and after, against
         the checkpoint's weights and the KV cache budget."""
         on_cpu = str(self.engine_option("device")) == "cpu"  # elsewhere the weights and cache are not resident here
+        if on_cpu:  # heap pages freed earlier but still resident would be returned during the build, not grown
+            gc.collect()
+            release_freed_memory()
         before = process_memory() if on_cpu else None
         llm = LLM(self.path, **self.engine_options)
         after = process_memory() if on_cpu else None
-        dtype = getattr(torch, self.engine_option("dtype"))
+        dtype = getattr(torch, llm.config.dtype)
         kv_cache = getattr(llm.model_runner, "kv_cache", None)
         self.memory = engine_growth(before, after, num_parameters(self.path) * dtype.itemsize,
                                     self.engine_option("kvcache_memory_bytes"),
@@ -76,9 +81,12 @@ class Models:
 
     @cached_property
     def hf_model(self):
+        """The transformers model, on the engine's device in the engine's dtype."""
         from minillm.bench.hf import load_model
 
-        return load_model(self.path).to(self.engine_option("device"))
+        device = self.engine_option("device")
+        dtype = resolve_dtype(self.engine_option("dtype"), device, ModelConfig.from_pretrained(self.path).dtype)
+        return load_model(self.path, getattr(torch, dtype)).to(device)
 
 
 def progress(total: int, desc: str, unit: str) -> tqdm:

@@ -26,7 +26,7 @@ from minillm.bench.models import RANDOM_SIZES, checkpoint, num_parameters, read_
 from minillm.bench.report import (breakdown_table, git_state, ladder_table, machine, plot, plot_ladder,
                                   plot_serving, plot_sizes, results_table, serving_table, versions, write_json)
 from minillm.bench.workloads import Workload
-from minillm.config import Config, ModelConfig
+from minillm.config import Config, ModelConfig, resolve_dtype
 from minillm.engine.kv_cache import kv_cache_bytes_per_token
 
 # name -> run(models, workload, warmup, args) -> Run; they run in this order, minillm first
@@ -193,8 +193,9 @@ def engine_options(args, path: Path, workload: Workload) -> dict:
                if getattr(args, name) is not None} | {"device": args.device}
     block_size = options.get("kvcache_block_size", Config.kvcache_block_size)
     batch = max(options.get("max_num_seqs", Config.max_num_seqs), args.static_batch_size or 0)
-    need = batch * math.ceil(workload.max_len / block_size) * block_size * kv_cache_bytes_per_token(
-        ModelConfig.from_pretrained(path), getattr(torch, Config.dtype))
+    config = ModelConfig.from_pretrained(path)
+    dtype = getattr(torch, resolve_dtype(Config.dtype, args.device, config.dtype))
+    need = batch * math.ceil(workload.max_len / block_size) * block_size * kv_cache_bytes_per_token(config, dtype)
     options["kvcache_memory_bytes"] = max(Config.kvcache_memory_bytes, need)
     if not (path / "tokenizer.json").is_file():
         options["skip_tokenizer_init"] = True

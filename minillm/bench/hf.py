@@ -18,9 +18,9 @@ PAD = 0  # any id serves: padded positions are masked out
 AUTO_BATCH_SIZES = (8, 16, 32, 64, 128)
 
 
-def load_model(path) -> torch.nn.Module:
-    """The checkpoint in fp32 with transformers' default attention (sdpa), set up for greedy, EOS-free runs."""
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+def load_model(path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """The checkpoint in `dtype` with transformers' default attention (sdpa), set up for greedy, EOS-free runs."""
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
     model.generation_config = GenerationConfig(do_sample=False, num_beams=1, pad_token_id=PAD)
     return model
 

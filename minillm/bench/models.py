@@ -28,13 +28,13 @@ RANDOM_SIZES = {
 }
 
 
-def save_random_qwen3(size: str, path: Path, seed: int = 0) -> None:
+def save_random_qwen3(size: str, path: Path, seed: int = 0, max_position_embeddings: int = 2048) -> None:
     """Write a random-weight Qwen3 of one of RANDOM_SIZES to path with transformers' save_pretrained. It has
     no tokenizer: the bench runs on token ids."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen3Config(**RANDOM_SIZES[size], max_position_embeddings=2048, tie_word_embeddings=True,
+    config = Qwen3Config(**RANDOM_SIZES[size], max_position_embeddings=max_position_embeddings, tie_word_embeddings=True,
                          dtype="float32")
     Qwen3ForCausalLM(config).save_pretrained(path)
 

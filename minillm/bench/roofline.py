@@ -12,33 +12,37 @@ import torch
 from minillm.bench import llamacpp, workloads
 from minillm.bench.backends import Models, run_minillm
 from minillm.bench.models import num_parameters
-from minillm.config import Config, ModelConfig
+from minillm.config import Config, ModelConfig, resolve_dtype
 from minillm.engine.kv_cache import kv_cache_bytes_per_token
 from minillm.layers.cpu_kernels import cpu_kernels, empty_packed, linear_cpu, pack_weight
 
 
-def best_seconds(fn, repeats: int) -> float:
-    """The fastest of `repeats` timed calls, after one untimed call: the least disturbed by other work."""
+def best_seconds(fn, repeats: int, device: str = "cpu") -> float:
+    """The fastest of `repeats` timed calls, after one untimed call: the least disturbed by other work. On CUDA each
+    call is waited for (kernels run asynchronously)."""
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     fn()
+    sync()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - start)
     return min(times)
 
 
 @torch.inference_mode()
-def memory_bandwidth(nbytes: int = 2**30, repeats: int = 5) -> dict:
-    """GB/s streaming an fp32 array of nbytes, best of several: read by a sum, read as a matrix by a
-    matrix-vector product (the CPU backend's matmul kernel, where it is built: the fastest read found here), and
-    copied (read + write). The fastest of them, gb_s, is the ceiling decode is measured against. The matrix is a
-    packed weight, in 2 MiB pages, as the engine's are."""
-    a = torch.ones(nbytes // 4)
+def memory_bandwidth(nbytes: int = 2**30, repeats: int = 5, device: str = "cpu") -> dict:
+    """GB/s streaming an fp32 array of nbytes on `device`, best of several: read by a sum, read as a matrix by a
+    matrix-vector product (on a CPU, the CPU backend's matmul kernel, where it is built: the fastest read found
+    here), and copied (read + write). The fastest of them, gb_s, is the ceiling decode is measured against. The
+    matrix is a packed weight, in 2 MiB pages, as the engine's are."""
+    a = torch.ones(nbytes // 4, device=device)
     b = torch.empty_like(a)
-    result = dict(array_bytes=nbytes, read_gb_s=nbytes / best_seconds(a.sum, repeats) / 1e9,
-                  copy_gb_s=2 * nbytes / best_seconds(lambda: b.copy_(a), repeats) / 1e9)
-    if cpu_kernels():
+    result = dict(array_bytes=nbytes, read_gb_s=nbytes / best_seconds(a.sum, repeats, device) / 1e9,
+                  copy_gb_s=2 * nbytes / best_seconds(lambda: b.copy_(a), repeats, device) / 1e9)
+    if a.is_cpu and cpu_kernels():
         out = nbytes // 4 // 4096
         w, packed = a[:out * 4096].view(out, 4096), empty_packed(out, 4096).fill_(1.0)
         x = torch.ones(1, 4096)
@@ -47,14 +51,14 @@ def memory_bandwidth(nbytes: int = 2**30, repeats: int = 5) -> dict:
 
 
 @torch.inference_mode()
-def matmul_flops(n: int = 2048, repeats: int = 5) -> dict:
-    """FLOP/s of an n×n by n×n fp32 matmul (2n³ FLOPs), best of several: torch.mm (BLAS) and, where it is built,
-    the CPU backend's matmul on a packed weight. The faster of them, flops, is the ceiling batched decode is
-    measured against."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    c = torch.empty(n, n)
-    result = dict(n=n, mm_flops=2 * n**3 / best_seconds(lambda: torch.mm(a, b, out=c), repeats))
-    if cpu_kernels():
+def matmul_flops(n: int = 2048, repeats: int = 5, device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
+    """FLOP/s of an n×n by n×n matmul (2n³ FLOPs) in `dtype` on `device`, best of several: torch.mm (BLAS, or
+    cuBLAS on the tensor cores in bfloat16) and, on a CPU where it is built, the CPU backend's matmul on a packed
+    weight. The faster of them, flops, is the ceiling batched decode is measured against."""
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    c = torch.empty_like(a)
+    result = dict(n=n, mm_flops=2 * n**3 / best_seconds(lambda: torch.mm(a, b, out=c), repeats, device))
+    if a.is_cpu and dtype == torch.float32 and cpu_kernels():
         w = b.T.contiguous()  # a @ b is linear(a, bᵀ)
         packed = pack_weight(w)
         result["packed_flops"] = 2 * n**3 / best_seconds(lambda: linear_cpu(a, w, None, packed), repeats)
@@ -79,17 +83,20 @@ def decode_rate(models: Models, batch: int, pool: list[int], args) -> dict:
 
 def run(path, engine_options: dict, pool: list[int], args) -> dict:
     """Both ceilings, then batch-1 decode against bandwidth and batch --roofline-batch decode against FLOP/s."""
-    bandwidth, matmul = memory_bandwidth(args.roofline_bytes), matmul_flops()
+    config = ModelConfig.from_pretrained(path)
+    dtype = getattr(torch, resolve_dtype(engine_options.get("dtype", Config.dtype), args.device, config.dtype))
+    cuda = torch.device(args.device).type == "cuda"
+    bandwidth = memory_bandwidth(args.roofline_bytes, device=args.device)
+    matmul = matmul_flops(8192 if cuda else 2048, device=args.device, dtype=dtype)
     matvec = f", {bandwidth['matvec_gb_s']:.1f} GB/s matrix-vector" if "matvec_gb_s" in bandwidth else ""
     packed = f", {matmul['packed_flops'] / 1e9:.1f} packed" if "packed_flops" in matmul else ""
     print(f"memory bandwidth: {bandwidth['read_gb_s']:.1f} GB/s sum, {bandwidth['copy_gb_s']:.1f} GB/s copy{matvec} "
-          f"({bandwidth['array_bytes'] / 2**30:.2f} GiB array); fp32 matmul: {matmul['mm_flops'] / 1e9:.1f} GFLOP/s "
+          f"({bandwidth['array_bytes'] / 2**30:.2f} GiB array); {str(dtype)[6:]} matmul: {matmul['mm_flops'] / 1e9:.1f} GFLOP/s "
           f"torch.mm{packed}")
     params = num_parameters(path)
-    dtype = getattr(torch, engine_options.get("dtype", Config.dtype))
     weight_bytes = params * dtype.itemsize
     # batch 1: each token reads every weight and its request's KV cache, on average half-way through the output
-    kv_bytes = (args.input_len + args.output_len / 2) * kv_cache_bytes_per_token(ModelConfig.from_pretrained(path), dtype)
+    kv_bytes = (args.input_len + args.output_len / 2) * kv_cache_bytes_per_token(config, dtype)
     models = Models(path, engine_options)
     one = decode_rate(models, 1, pool, args)
     one |= dict(weight_bytes_per_token=weight_bytes, kv_bytes_per_token=kv_bytes,

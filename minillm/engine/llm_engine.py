@@ -8,7 +8,7 @@ from typing import Iterator
 
 from tqdm.auto import tqdm
 
-from minillm.config import Config, ModelConfig, default_model_path
+from minillm.config import Config, ModelConfig, default_model_path, resolve_dtype
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.model_runner import ModelRunner
 from minillm.engine.scheduler import Scheduler
@@ -63,6 +63,7 @@ class LLMEngine:
         elif config.max_model_len > max_len:
             raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
                              f"max_position_embeddings={max_len}; use max_model_len <= {max_len}.")
+        config.dtype = resolve_dtype(config.dtype, config.device, model_config.dtype)
         if not config.skip_tokenizer_init and not (path / "tokenizer.json").exists():
             raise FileNotFoundError(f"{path} has no tokenizer.json: add the checkpoint's tokenizer files, or pass "
                                     "skip_tokenizer_init=True to run on token ids alone (outputs then have no text)")
@@ -133,6 +134,11 @@ class LLMEngine:
                 self.close(f"tensor-parallel worker {failed}")
                 raise RuntimeError(f"tensor-parallel worker {failed} during a step; the engine has stopped its "
                                    "other workers and cannot continue: create a new LLM") from e
+            if self.workers and not self.model_runner.group.renewable:
+                self.close("a tensor-parallel step failed on CUDA")
+                raise RuntimeError("a tensor-parallel step failed half-way on CUDA, where the ranks waiting in its NCCL "
+                                   "collectives cannot be released to run another step; the engine has stopped its "
+                                   "workers and cannot continue: create a new LLM") from e
             raise
         for seq in updated:
             seq.first_token_time = seq.first_token_time or now

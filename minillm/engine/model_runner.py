@@ -21,9 +21,12 @@ from minillm.layers.attention import Attention, select_attention_backend
 from minillm.layers.paged_attention import slot_mapping_for
 from minillm.layers.sampler import Sampler, SamplingMetadata
 from minillm.models import build_model
+from minillm.sampling_params import SamplingParams
 from minillm.utils.compile import compiled_layers
 from minillm.utils.context import Context, get_context, reset_context, set_context
 from minillm.utils.parallel import TensorParallelGroup, cpu_threads, tensor_parallel
+
+TORCH_GRAPH_GATHER_BYTES = 2**30  # the most the torch backend's decode attention may copy out per layer in a graph
 
 
 @dataclass
@@ -49,8 +52,9 @@ class ModelRunner:
         if group and self.device.type == "cuda":  # one device per rank
             self.device = torch.device("cuda", group.local_rank)
             torch.cuda.set_device(self.device)
+        self.dtype = getattr(torch, config.dtype)
         with tensor_parallel(group):
-            self.model = build_model(model_path, getattr(torch, config.dtype), self.device)
+            self.model = build_model(model_path, self.dtype, self.device)
         # ranks sharing a CPU split its cores: rank 0 too, while a step runs (the workers set theirs at start)
         cpu_tp = group is not None and self.device.type == "cpu"
         self.threads_per_rank = max(1, (os.cpu_count() or 1) // group.size) if cpu_tp else None
@@ -61,8 +65,9 @@ class ModelRunner:
                 layer.backend = self.attn_backend
         self.attn_backend.prepare_model(self.model)  # the layers' kernels and their weights' layout
         self.allocate_input_buffers(config)
+        self.sampler = Sampler()
         tp_size = group.size if group else 1  # each rank caches its share of the KV heads
-        bytes_per_block = kv_cache_bytes_per_token(self.model.config, getattr(torch, config.dtype)) * self.block_size
+        bytes_per_block = kv_cache_bytes_per_token(self.model.config, self.dtype) * self.block_size
         bytes_per_block //= tp_size
         self.num_kvcache_blocks = config.num_kvcache_blocks or self.kv_cache_budget(config) // bytes_per_block
         if group:  # every rank must hold the same blocks: the fewest any rank has room for
@@ -72,7 +77,6 @@ class ModelRunner:
                              "raise kvcache_memory_bytes / gpu_memory_utilization or use a smaller model")
         # one spare block at the end, never handed out: padded rows of a decode step write there (PAD_SLOT_ID)
         self.kv_cache = allocate_kv_cache(self.model, self.num_kvcache_blocks + 1, self.block_size)
-        self.sampler = Sampler()
         self.compile_layers = self.device.type == "cuda" if config.compile_layers is None else config.compile_layers
         self.graphs, self.eager_reason = None, self.why_eager(config)
         if self.eager_reason is None and self.device.type == "cuda":
@@ -83,11 +87,25 @@ class ModelRunner:
 
     def why_eager(self, config: Config) -> str | None:
         """Why decode steps run op by op, or None when they are replayed per bucket (CUDA graphs, or compiled
-        steps on a CPU)."""
+        steps on a CPU). The torch backend's decode attention copies every row's keys and values out of the cache
+        at the block tables' width, which a CUDA graph fixes at max_model_len: past TORCH_GRAPH_GATHER_BYTES per
+        layer that is refused (an error if graphs were asked for, eager steps by default)."""
         if config.enforce_eager:
             return "enforce_eager=True"
         if config.enforce_eager is None and self.device.type != "cuda":
             return "the CPU default: compiling costs seconds per batch-size bucket; enforce_eager=False turns it on"
+        if self.device.type == "cuda" and self.attn_backend.name == "torch":
+            c, rows = self.model.config, min(config.max_num_seqs, 512)
+            kv_heads = max(1, c.num_key_value_heads // (self.group.size if self.group else 1))
+            width = -(-config.max_model_len // self.block_size) * self.block_size
+            gathered = 2 * rows * width * kv_heads * c.head_dim * self.dtype.itemsize
+            if gathered > TORCH_GRAPH_GATHER_BYTES:
+                reason = (f"attention_backend='torch' in a CUDA graph would copy {gathered / 2**30:.1f} GiB of keys "
+                          f"and values per layer ({rows} rows x {width} positions, the max_model_len)")
+                if config.enforce_eager is False:
+                    raise ValueError(f"{reason}: use attention_backend='triton' (it reads the blocks in place), or "
+                                     "lower max_model_len or max_num_seqs, or leave enforce_eager unset (eager steps)")
+                return reason
         return None
 
     @property
@@ -111,31 +129,51 @@ class ModelRunner:
 
     def kv_cache_budget(self, config: Config) -> int:
         """Bytes for the KV cache. CPU: kvcache_memory_bytes. CUDA: gpu_memory_utilization of the device, less
-        what is in use and the activation peak of one full prefill step (measured by a warm-up run)."""
+        what is in use and what a step needs beside the cache, measured by warm-up runs: the peak of the largest
+        step (`warmup`) and, when decode steps will be CUDA graphs, the memory their pool keeps (the activations
+        of a forward at the largest bucket); and one layer's context read out of the cache (a prefill over a
+        cached prefix copies up to max_model_len keys and values)."""
         if self.device.type != "cuda":
             return config.kvcache_memory_bytes
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        self.warmup(config)
+
+        def measured(run) -> int:  # the bytes `run` needed beyond what stays allocated
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            run()
+            stats = torch.cuda.memory_stats(self.device)
+            return stats["allocated_bytes.all.peak"] - stats["allocated_bytes.all.current"]
+        step = measured(lambda: self.warmup(config))
+        rows = min(config.max_num_seqs, 512)  # the largest bucket's rows, as sequences of one token
+        graph_pool = measured(lambda: self.dummy_forward(rows, 1)) if self.why_eager(config) is None else 0
+        # its keys and values, copied out per sequence and then packed: twice
+        context = 2 * config.max_model_len * kv_cache_bytes_per_token(self.model.config, self.dtype) // (
+            self.model.config.num_hidden_layers * (self.group.size if self.group else 1))
+        torch.cuda.empty_cache()  # what the warm-ups left cached is free for the cache
         free, total = torch.cuda.mem_get_info(self.device)
-        stats = torch.cuda.memory_stats(self.device)
-        peak, current = stats["allocated_bytes.all.peak"], stats["allocated_bytes.all.current"]
-        return int(total * config.gpu_memory_utilization - (total - free) - (peak - current))
+        return int(total * config.gpu_memory_utilization - (total - free) - step - graph_pool - context)
 
     @torch.inference_mode()
     def warmup(self, config: Config) -> None:
-        """One prefill of max_num_batched_tokens tokens (as sequences of max_model_len), with no cache yet."""
+        """The largest step, with no cache yet: a prefill of max_num_batched_tokens tokens (as sequences of
+        max_model_len), then the logits and a top-k/top-p sample (a sort of [rows, vocab]) of max_num_seqs rows."""
         max_len = min(config.max_model_len, config.max_num_batched_tokens)
-        n = max(1, min(config.max_num_batched_tokens // max_len, config.max_num_seqs))
-        cu = list(range(0, n * max_len + 1, max_len))
+        hidden = self.dummy_forward(max(1, min(config.max_num_batched_tokens // max_len, config.max_num_seqs)), max_len)
+        logits = self.model.compute_logits(hidden[torch.arange(config.max_num_seqs, device=self.device) % len(hidden)])
+        if logits is not None:  # rank 0 samples
+            params = [SamplingParams(temperature=1.0, top_k=50, top_p=0.9)] * config.max_num_seqs
+            self.sampler(logits, SamplingMetadata.build(params, [None] * len(params), self.device))
+
+    @torch.inference_mode()
+    def dummy_forward(self, num_seqs: int, seq_len: int) -> torch.Tensor:
+        """The forward pass of num_seqs prompts of seq_len tokens that store nothing (every slot -1)."""
+        cu = list(range(0, num_seqs * seq_len + 1, seq_len))
         set_context(Context(is_prefill=True, cu_seqlens_q_cpu=cu, cu_seqlens_k_cpu=cu,
-                            slot_mapping=torch.full((n * max_len,), -1, device=self.device)))
+                            slot_mapping=torch.full((num_seqs * seq_len,), -1, device=self.device)))
         try:
-            self.model(torch.zeros(n * max_len, dtype=torch.long, device=self.device),
-                       torch.arange(max_len, device=self.device).repeat(n))
+            return self.model(torch.zeros(num_seqs * seq_len, dtype=torch.long, device=self.device),
+                              torch.arange(seq_len, device=self.device).repeat(num_seqs))
         finally:
             reset_context()
-        torch.cuda.empty_cache()
 
     def fill(self, buffer: torch.Tensor, values: list) -> torch.Tensor:
         """Copy host values into the first rows of an input buffer; returns that slice. The values go through

@@ -80,10 +80,13 @@ def describe_failed(procs: list[subprocess.Popen]) -> str | None:
 
 
 def stop_workers(group: TensorParallelGroup | None, procs: list[subprocess.Popen], timeout: float = 10) -> None:
-    """Rank 0: send the end, give the workers `timeout` seconds to exit, then terminate, then kill them."""
+    """Rank 0: send the end, give the workers `timeout` seconds to exit, then terminate, then kill them (at once
+    when they cannot hear it: after an abandoned step on a group that cannot be renewed)."""
     if group is not None:
+        if group.abandoned and not group.renewable:
+            timeout = 0
         try:
-            if not describe_failed(procs):
+            if not describe_failed(procs) and timeout:
                 group.send_step(None)
         except Exception:
             pass  # a worker already gone: terminated below

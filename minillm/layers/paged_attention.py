@@ -6,6 +6,8 @@ contiguous, only its block table is.
 """
 import torch
 import torch.nn.functional as F
+from torch.backends.cuda import SDPAParams, can_use_flash_attention
+from torch.nn.attention.bias import causal_lower_right
 
 
 def slot_mapping_for(block_table: list[int], start: int, end: int, block_size: int) -> list[int]:
@@ -94,13 +96,31 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     out = torch.empty_like(q)
     for i in range(len(cu_seqlens_q) - 1):
         qs, qe, ks, ke = cu_seqlens_q[i], cu_seqlens_q[i + 1], cu_seqlens_k[i], cu_seqlens_k[i + 1]
-        nq, nk = qe - qs, ke - ks  # with no earlier keys, the plain causal mask (is_causal) needs no tensor
-        mask = None if nq == nk else torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(nk - nq)
-        out[qs:qe] = F.scaled_dot_product_attention(  # [1, heads, tokens, head_dim]: 4-D takes the fused kernel
-            q[None, qs:qe].transpose(1, 2), k[None, ks:ke].transpose(1, 2), v[None, ks:ke].transpose(1, 2),
-            attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True,
+        out[qs:qe] = causal_sdpa(  # [1, heads, tokens, head_dim]: 4-D takes the fused kernels
+            q[None, qs:qe].transpose(1, 2), k[None, ks:ke].transpose(1, 2), v[None, ks:ke].transpose(1, 2), scale,
         )[0].transpose(0, 1)
     return out
+
+
+def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Fused causal attention of q [1, heads, nq, head_dim] over k, v [1, kv_heads, nk, head_dim], nq <= nk, the
+    queries being the last nq positions, without ever holding the heads x nq x nk scores.
+
+    With no earlier keys it is SDPA's plain causal mask. With some, the mask is aligned bottom-right, given as
+    torch's `causal_lower_right` bias rather than a boolean tensor: with a tensor mask and shared KV heads CUDA
+    falls back to its math kernel, which materialises every score (a 4k chunk over 32k keys at 32 heads: 17 GB).
+    CUDA's flash kernel takes the bias and shared KV heads; where it cannot run (float32) the memory-efficient
+    one takes the bias, but shares no heads, so the KV heads are repeated first (nk x heads x head_dim: far less
+    than the scores). A CPU's fused kernel takes either.
+    """
+    nq, nk = q.shape[2], k.shape[2]
+    if nq == nk:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+    gqa = q.shape[1] != k.shape[1]
+    if gqa and q.is_cuda and not can_use_flash_attention(SDPAParams(q, k, v, None, 0.0, False, True)):
+        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+        gqa = False
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(nq, nk), scale=scale, enable_gqa=gqa)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

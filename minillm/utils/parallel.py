@@ -29,12 +29,15 @@ class TensorParallelGroup:
     A step that fails on one rank half-way leaves the others waiting inside a collective it will never join.
     That rank abandons the step: it shuts its device group down, which fails their wait too; before the next
     step, rank 0 sends RENEW and every rank opens a fresh device group. The KV cache stays: the engine
-    recomputes the failed step's tokens."""
+    recomputes the failed step's tokens. Not on CUDA (`renewable` False): shutting an NCCL communicator down does
+    not fail a peer's pending kernel (it waits until the watchdog), and captured CUDA graphs would replay the old
+    communicator; there the engine closes on a failed step."""
 
     def __init__(self, store: dist.Store, rank: int, size: int, device: torch.device, local_rank: int = 0):
         self.store, self.rank, self.size, self.device, self.local_rank = store, rank, size, device, local_rank
         self.control = dist.ProcessGroupGloo(dist.PrefixStore("control", store), rank, size, FOREVER)
         self.generation, self.abandoned = -1, True
+        self.renewable = device.type != "cuda"
         self.renew()
 
     def renew(self) -> None:

@@ -145,6 +145,9 @@ class BlockManager(minillm.engine.block_manager.BlockManager):
         and num_free_blocks at 3. Freeing b then frees blocks 2, 1, 0 in that order: num_free_blocks 6,
         used_block_ids empty. A new sequence of tokens 0..7, then 3, revives blocks [0, 1]: its
         num_cached_tokens is 8."""
+        # Not part of the exercise: hashed => written. A sequence released before its step ran (preempted by a later
+        # sequence of the same step, aborted, rolled back) leaves no block that step was to fill findable by hash.
+        self.uncache_blocks(seq, max(seq.num_computed_tokens, seq.num_cached_tokens))
         # BEGIN EXERCISE 05.5: free with reference counts — decrement, and free blocks nobody uses
         raise NotImplementedError(
             "Exercise 05.5 (free with reference counts — decrement, and free blocks nobody uses) is not done yet: "
@@ -152,4 +155,4 @@ class BlockManager(minillm.engine.block_manager.BlockManager):
         )
         # END EXERCISE
 
-# build checksum: 8632c3625c7ab932 (lets `build` tell this untouched file from your edits)
+# build checksum: 90bdc65435391a87 (lets `build` tell this untouched file from your edits)

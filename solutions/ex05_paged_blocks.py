@@ -159,6 +159,9 @@ class BlockManager(minillm.engine.block_manager.BlockManager):
         and num_free_blocks at 3. Freeing b then frees blocks 2, 1, 0 in that order: num_free_blocks 6,
         used_block_ids empty. A new sequence of tokens 0..7, then 3, revives blocks [0, 1]: its
         num_cached_tokens is 8."""
+        # Not part of the exercise: hashed => written. A sequence released before its step ran (preempted by a later
+        # sequence of the same step, aborted, rolled back) leaves no block that step was to fill findable by hash.
+        self.uncache_blocks(seq, max(seq.num_computed_tokens, seq.num_cached_tokens))
         # BEGIN EXERCISE 05.5: free with reference counts — decrement, and free blocks nobody uses
         for block_id in reversed(seq.block_table):  # tail first, so shared prefixes stay cached longest
             block = self.blocks[block_id]

@@ -13,6 +13,7 @@ def computed(bm: BlockManager, tokens: list[int]) -> Sequence:
     seq = Sequence(tokens)
     bm.allocate(seq)
     bm.cache_blocks(seq, len(seq))
+    seq.num_computed_tokens = len(seq)
     return seq
 
 

@@ -1,7 +1,7 @@
 """Scheduler decisions on their own (no model): budgets, chunking, preemption order, finishing."""
 import pytest
 from minillm.config import Config
-from minillm.engine.block_manager import BlockManager
+from minillm.engine.block_manager import BlockManager, FreeBlockQueue
 from minillm.engine.scheduler import Scheduler
 from minillm.engine.sequence import Sequence, SequenceStatus
 from minillm.sampling_params import SamplingParams
@@ -119,3 +119,32 @@ def test_admission_keeps_room_for_the_running_requests_growth():
 def test_new_token_ratio_is_checked(ratio):
     with pytest.raises(ValueError, match="new_token_ratio must be a number in \\[0, 1\\]"):
         Config(new_token_ratio=ratio)
+
+
+@pytest.mark.parametrize("free_order", ["oldest first", "newest first"])
+def test_a_block_is_findable_by_hash_only_once_a_step_wrote_it(monkeypatch, free_order):
+    """Hashed => written. A decode step hashes the block it fills when it is scheduled; when the same step then
+    preempts that sequence (`high` needs a block, `low` has the lowest priority), the step never runs for it and
+    the block's last slot is never written. No later prompt may find that block by its hash, whatever order the
+    free list hands blocks out in (oldest first hands that very block to `high` at once, which hid the fault)."""
+    if free_order == "newest first":
+        monkeypatch.setattr(FreeBlockQueue, "oldest", lambda self: next(reversed(self._ids)))
+    s = scheduler(num_blocks=4, block_size=4, scheduling_policy="priority")
+    bm = s.block_manager
+    low = Sequence([1, 2, 3, 4, 5, 6, 7], priority=0)
+    high = Sequence([9, 8, 7, 6, 5, 4, 3, 2], SamplingParams(max_tokens=2), priority=1)
+    s.add(low)
+    run_step(s)  # low is prefilled first (so it runs first): 2 blocks, 8 tokens now
+    s.add(high)
+    run_step(s)  # then high: 2 blocks, 9 tokens; the cache is full
+    unwritten = low.block_table[1]  # positions 4-7: the next decode step writes position 7
+    seqs, _ = s.schedule()  # low's decode is scheduled (hashing that block), then high needs a block: low preempted
+    assert seqs == [high] and low.status == SequenceStatus.WAITING
+    assert bm.hash_to_block_id.get(bm.blocks[unwritten].hash) != unwritten
+    s.postprocess(seqs, [7])  # high finishes (max_tokens 2): every block is free
+    run_step(s)  # low is recomputed, into blocks that are written this time
+    later = Sequence(low.token_ids[:8] + [11])  # low's two full blocks, then its own token
+    bm.allocate(later)
+    assert later.num_cached_tokens == 8 and later.block_table[:2] == low.block_table[:2]
+
+

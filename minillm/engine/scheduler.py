@@ -187,9 +187,9 @@ class Scheduler:
         seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
 
     def rollback(self, seqs: list[Sequence]) -> None:
-        """Undo a step that failed. Scheduling made the blocks it was to fill findable by hash (so that requests
-        admitted together share a prefix: every layer stores a step's keys before any attends); they are
-        forgotten, as their contents may never have been written, and the step's sequences are preempted. A
+        """Undo a step that failed: its sequences are preempted. Scheduling made the blocks it was to fill findable
+        by hash (so that requests admitted together share a prefix: every layer stores a step's keys before any
+        attends); freeing them forgets those hashes (`deallocate`), as their contents may never have been written. A
         sequence the step had already finished is released completely (the fault may have come half-way)."""
         for seq in seqs:
             if seq.is_finished:
@@ -198,7 +198,6 @@ class Scheduler:
                 if seq in self.running:
                     self.running.remove(seq)
             else:
-                self.block_manager.uncache_blocks(seq, seq.num_computed_tokens)
                 self.preempt(seq)
 
     def postprocess(self, seqs: list[Sequence], token_ids: list[int | None]) -> list[Sequence]:

@@ -55,9 +55,11 @@ def test_block_hash_is_a_deterministic_64_bit_chain(impl):
 
 
 def computed(bm, tokens):
+    """A sequence whose keys and values were all computed (its full blocks are cached)."""
     seq = Sequence(tokens)
     bm.allocate(seq)
     bm.cache_blocks(seq, len(seq))
+    seq.num_computed_tokens = len(seq)
     return seq
 
 

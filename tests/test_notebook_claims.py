@@ -136,7 +136,7 @@ def test_prose_states_no_measured_figure(path):
         "in tests/test_notebook_claims.py with its reason:\n  " + "\n  ".join(problems))
 
 
-def test_every_permanent_allowance_still_matches_something():
+def test_every_allowance_still_matches_something():
     found = {p.name[:2]: [f for _, f in findings(nbformat.read(p, as_version=4))] for p in NOTEBOOKS}
     stale = [a for a in ALLOWED if not any(a.covers(a.notebook, f) for f in found.get(a.notebook, []))]
     assert not stale, "allow-list entries that match no text any more (remove them):\n  " + "\n  ".join(map(str, stale))

@@ -39,8 +39,9 @@ def kv_cache_bytes_per_token(config: ModelConfig, dtype: torch.dtype = torch.flo
 
 
 # minillm/layers/paged_attention.py
-def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  slot_mapping: torch.Tensor) -> None:
+def store_kvcache(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Write each token's key and value [tokens, kv_heads, head_dim] into its slot; slot -1 means skip.
 
     k, v: [num_tokens, kv_heads, head_dim], the keys and values this step computed.
@@ -63,4 +64,4 @@ def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cac
     )
     # END EXERCISE
 
-# build checksum: f0a3bf0dc204113c (lets `build` tell this untouched file from your edits)
+# build checksum: d949c7d4af55d10d (lets `build` tell this untouched file from your edits)

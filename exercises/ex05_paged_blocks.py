@@ -46,8 +46,14 @@ def slot_mapping_for(block_table: list[int], start: int, end: int, block_size: i
 
 
 # minillm/layers/paged_attention.py
-def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """One new query per sequence, q [num_seqs, heads, head_dim], attending to its context in the paged cache.
 
     q: [num_seqs, heads, head_dim], the query of each sequence's newest token.
@@ -155,4 +161,4 @@ class BlockManager(minillm.engine.block_manager.BlockManager):
         )
         # END EXERCISE
 
-# build checksum: 90bdc65435391a87 (lets `build` tell this untouched file from your edits)
+# build checksum: b687449506fc4895 (lets `build` tell this untouched file from your edits)

@@ -56,8 +56,15 @@ def pick_bucket(buckets: list[int], batch: int) -> int | None:
 
 
 # minillm/engine/graphs.py
-def pad_decode_inputs(input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-                      context_lens: torch.Tensor, block_tables: torch.Tensor, batch: int, bucket: int) -> None:
+def pad_decode_inputs(
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    batch: int,
+    bucket: int,
+) -> None:
     """Turn rows batch .. bucket-1 of a decode step's input buffers into padding, in place.
 
     The buffers are the model runner's, each at least `bucket` rows long, with the step's real rows
@@ -80,4 +87,4 @@ def pad_decode_inputs(input_ids: torch.Tensor, positions: torch.Tensor, slot_map
     )
     # END EXERCISE
 
-# build checksum: 53ca68069a74cf63 (lets `build` tell this untouched file from your edits)
+# build checksum: 28183668f5ca5d32 (lets `build` tell this untouched file from your edits)

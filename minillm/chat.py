@@ -1,4 +1,5 @@
 """`python -m minillm.chat` (and `make chat`): the terminal chat of minillm.entrypoints.chat."""
+
 import sys
 
 from minillm.entrypoints.chat import main

@@ -1,4 +1,5 @@
 """Configuration: what a checkpoint's config.json says about the model."""
+
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,8 +47,10 @@ def architecture_of(cfg: dict) -> str:
         return arch
     model_type = cfg.get("model_type")
     if model_type not in MODEL_TYPES:
-        raise ValueError(f"unsupported model_type {model_type!r} (config.json lists no architectures): minillm "
-                         f"supports model_type {', '.join(MODEL_TYPES)} (architectures {', '.join(ARCHITECTURES)}).")
+        raise ValueError(
+            f"unsupported model_type {model_type!r} (config.json lists no architectures): minillm "
+            f"supports model_type {', '.join(MODEL_TYPES)} (architectures {', '.join(ARCHITECTURES)})."
+        )
     return MODEL_TYPES[model_type]
 
 
@@ -61,18 +64,23 @@ def check_supported(cfg: dict) -> None:
                 f"this checkpoint's weights are stored quantized (quantization_config: quant_method {method!r}); "
                 "minillm loads plain float weights (float32, bfloat16, float16): use the unquantized checkpoint, "
                 "or dequantize this one (in transformers: from_pretrained, model.dequantize(), save_pretrained) "
-                "and drop quantization_config from config.json.")
+                "and drop quantization_config from config.json."
+            )
     if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
         raise ValueError(f"unsupported hidden_act {cfg['hidden_act']!r}: minillm's MLP is SwiGLU (silu).")
     layer_types = set(cfg.get("layer_types") or ()) - {"full_attention"}
-    windowed = cfg.get("use_sliding_window") and cfg.get("sliding_window") and \
-        cfg.get("max_window_layers", 0) < cfg["num_hidden_layers"]
+    windowed = (
+        cfg.get("use_sliding_window")
+        and cfg.get("sliding_window")
+        and cfg.get("max_window_layers", 0) < cfg["num_hidden_layers"]
+    )
     if layer_types or windowed:
         raise ValueError(
             f"sliding-window attention is not supported (layer_types {sorted(layer_types)}, use_sliding_window "
             f"{cfg.get('use_sliding_window')}, sliding_window {cfg.get('sliding_window')}): minillm attends to the "
             "whole context. The two agree while no context is longer than the window: then set use_sliding_window "
-            "to false (and layer_types to full_attention) in config.json.")
+            "to false (and layer_types to full_attention) in config.json."
+        )
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind not in ROPE_TYPES:
@@ -144,8 +152,10 @@ class ModelConfig:
     def from_pretrained(cls, path: str | Path) -> "ModelConfig":
         file = Path(path) / "config.json"
         if not file.is_file():
-            raise FileNotFoundError(f"{path} has no config.json: a checkpoint directory holds config.json, "
-                                    "*.safetensors and tokenizer.json (as Hugging Face writes them)")
+            raise FileNotFoundError(
+                f"{path} has no config.json: a checkpoint directory holds config.json, "
+                "*.safetensors and tokenizer.json (as Hugging Face writes them)"
+            )
         return cls.from_dict(json.loads(file.read_text()))
 
 
@@ -191,8 +201,13 @@ class Config:
     tensor_parallel_size: int = 1
 
     def __post_init__(self):
-        for name in ("max_num_seqs", "max_num_batched_tokens", "kvcache_block_size", "kvcache_memory_bytes",
-                     "tensor_parallel_size"):
+        for name in (
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "kvcache_block_size",
+            "kvcache_memory_bytes",
+            "tensor_parallel_size",
+        ):
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.kvcache_block_size & (self.kvcache_block_size - 1):

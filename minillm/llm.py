@@ -1,5 +1,6 @@
 """LLM: the user-facing API. `LLM()` loads the embedded default model; `LLM(path)` any supported checkpoint;
 `LLM("HuggingFaceTB/SmolLM2-135M-Instruct")` a hub id that minillm obtains offline (minillm.models.hub)."""
+
 import json
 from pathlib import Path
 
@@ -9,8 +10,7 @@ from minillm.sampling_params import SamplingParams
 from minillm.utils.loader import resolve_model_path
 
 # generation_config.json's name -> SamplingParams' (vLLM reads the same fields for its defaults)
-GENERATION_DEFAULTS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
-                       "max_new_tokens": "max_tokens"}
+GENERATION_DEFAULTS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "max_new_tokens": "max_tokens"}
 
 
 class LLM(LLMEngine):
@@ -33,8 +33,9 @@ class LLM(LLMEngine):
             gen["temperature"] = 0.0
         return SamplingParams(**{ours: gen[theirs] for theirs, ours in GENERATION_DEFAULTS.items() if theirs in gen})
 
-    def encode_chat(self, messages, *, add_generation_prompt: bool = True,
-                    chat_template: str | None = None) -> list[list[int]]:
+    def encode_chat(
+        self, messages, *, add_generation_prompt: bool = True, chat_template: str | None = None
+    ) -> list[list[int]]:
         """The prompt token ids of one conversation (a list of {"role", "content"} dicts) or of a list of them,
         rendered with the checkpoint's chat template (or `chat_template`: a Jinja string or a file holding one)."""
         if self.tokenizer is None:
@@ -45,15 +46,24 @@ class LLM(LLMEngine):
             raise ValueError(
                 f"the model at {self.model_path} has no chat template (no chat_template.jinja, no chat_template in "
                 "tokenizer_config.json), so it has no notion of turns: give it plain text to continue with "
-                "generate(), or pass chat_template= (a Jinja template) to chat()")
-        texts = [self.tokenizer.apply_chat_template(conv, add_generation_prompt, chat_template)
-                 for conv in conversations(messages)]
+                "generate(), or pass chat_template= (a Jinja template) to chat()"
+            )
+        texts = [
+            self.tokenizer.apply_chat_template(conv, add_generation_prompt, chat_template)
+            for conv in conversations(messages)
+        ]
         # the rendered text holds the template's own special tokens (BOS included, if it has one): add none
         return [self.tokenizer.encode(text, add_special_tokens=False) for text in texts]
 
-    def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
-             add_generation_prompt: bool = True, chat_template: str | None = None,
-             use_tqdm: bool = True) -> list[RequestOutput]:
+    def chat(
+        self,
+        messages,
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
         """Answer one conversation ([{"role": "user", "content": "Hi"}]) or a list of them, as vLLM's LLM.chat:
         each is rendered with the chat template and generated like a prompt of generate(); one RequestOutput per
         conversation, in order. The answer ends at the model's end-of-turn token (its EOS)."""
@@ -72,13 +82,20 @@ def conversations(messages) -> list[list[dict]]:
     for i, conv in enumerate(convs):
         where = "" if single else f"conversation {i}: "
         if not isinstance(conv, (list, tuple)):
-            raise ValueError(f"{where}{conv!r} is not a list of messages: give a list of messages, {example}, or "
-                             "a list of such lists")
+            raise ValueError(
+                f"{where}{conv!r} is not a list of messages: give a list of messages, {example}, or "
+                "a list of such lists"
+            )
         if not conv:
             raise ValueError(f"{where}the conversation is empty: give a list of messages, {example}")
         for j, message in enumerate(conv):
-            if not (isinstance(message, dict) and isinstance(message.get("role"), str)
-                    and isinstance(message.get("content"), str)):
-                raise ValueError(f"{where}message {j} ({message!r}) is not a message: each is a dict with a "
-                                 f'"role" ("system", "user" or "assistant") and a "content" string, {example}')
+            if not (
+                isinstance(message, dict)
+                and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)
+            ):
+                raise ValueError(
+                    f"{where}message {j} ({message!r}) is not a message: each is a dict with a "
+                    f'"role" ("system", "user" or "assistant") and a "content" string, {example}'
+                )
     return convs

@@ -5,6 +5,7 @@ transpose), a causal softmax (masked_fill with -inf), ranks within a row (sort, 
 pairwise scores (matmul with broadcasting). Nothing in the engine calls them; they are graded on their own by
 `python -m minillm.course grade 00`, and notebook 00 explains each operation before its warm-up.
 """
+
 import torch
 
 

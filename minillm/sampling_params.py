@@ -1,4 +1,5 @@
 """SamplingParams: how one request picks its tokens and when it stops."""
+
 import math
 from dataclasses import dataclass
 
@@ -17,8 +18,9 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
-                and self.temperature >= 0):
+        if not (
+            isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0
+        ):
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
         if not (isinstance(self.top_k, int) and self.top_k >= -1):
             raise ValueError(f"top_k must be an integer >= -1 (0 or -1 = no limit), got {self.top_k!r}")

@@ -1,4 +1,5 @@
 """Text <-> token ids over a Hugging Face tokenizer.json, with a chat template and incremental detokenization."""
+
 import json
 from pathlib import Path
 
@@ -34,7 +35,7 @@ def bpe_encode_word(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
         rank, i = min((ranks.get(pair, float("inf")), i) for i, pair in enumerate(zip(pieces, pieces[1:])))
         if rank == float("inf"):
             break
-        pieces[i:i + 2] = [pieces[i] + pieces[i + 1]]
+        pieces[i : i + 2] = [pieces[i] + pieces[i + 1]]
     return pieces
     # END EXERCISE
 
@@ -75,7 +76,7 @@ def detokenize_incrementally(tokenizer, ids: list[int], prefix_offset: int, read
     prefix_text = tokenizer.decode(ids[prefix_offset:read_offset])
     text = tokenizer.decode(ids[prefix_offset:])
     if len(text) > len(prefix_text) and not text.endswith("\ufffd"):
-        return text[len(prefix_text):], read_offset, len(ids)
+        return text[len(prefix_text) :], read_offset, len(ids)
     return "", prefix_offset, read_offset
     # END EXERCISE
 
@@ -107,19 +108,23 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            chat_template: str | None = None) -> str:
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, chat_template: str | None = None
+    ) -> str:
         """Render a conversation with the checkpoint's Jinja chat template (or `chat_template`), as transformers
         does. The text already holds the template's special tokens: encode it with add_special_tokens=False."""
         template = chat_template or self.chat_template
         if not template:
             raise ValueError("this tokenizer has no chat template; pass plain text prompts instead")
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                           extensions=["jinja2.ext.loopcontrols"])
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
         env.globals["raise_exception"] = _raise
         return env.from_string(template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token or "", eos_token=self.eos_token or "",
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
         )
 
 

@@ -10,6 +10,7 @@ measure it (held-out loss; sentence validity of sampled stories), and write a Hu
 config.json, generation_config.json, model.safetensors (fp32), tokenizer files and a model card.
 Everything is seeded: the same command gives the same loss curve and the same figures.
 """
+
 import argparse
 import json
 import math
@@ -38,17 +39,17 @@ DEFAULT_OUT = Path(__file__).resolve().parents[1] / "minillm" / "assets" / "defa
 @dataclass
 class BuildConfig:
     seed: int = 0
-    n_stories: int = 30_000          # training stories (corpus seed TRAIN_SEED)
-    n_heldout: int = 500             # held-out stories for the held-out loss (seed HELDOUT_SEED)
-    vocab_size: int = 4096           # an upper bound: BPE runs out of merges sooner on this corpus
+    n_stories: int = 30_000  # training stories (corpus seed TRAIN_SEED)
+    n_heldout: int = 500  # held-out stories for the held-out loss (seed HELDOUT_SEED)
+    vocab_size: int = 4096  # an upper bound: BPE runs out of merges sooner on this corpus
     hidden_size: int = 256
     num_hidden_layers: int = 4
     num_attention_heads: int = 8
-    num_key_value_heads: int = 2     # even, so that tensor parallelism of 2 splits the KV heads
+    num_key_value_heads: int = 2  # even, so that tensor parallelism of 2 splits the KV heads
     head_dim: int = 32
     intermediate_size: int = 768
     max_position_embeddings: int = 512
-    batch_size: int = 32             # stories per step
+    batch_size: int = 32  # stories per step
     steps: int = 800
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
@@ -59,12 +60,21 @@ class BuildConfig:
 
 def model_config(cfg: BuildConfig, vocab_size: int, bos: int, eos: int, pad: int) -> Qwen3Config:
     return Qwen3Config(
-        vocab_size=vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-        max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=True,
-        bos_token_id=bos, eos_token_id=eos, pad_token_id=pad, dtype="float32",
-        architectures=["Qwen3ForCausalLM"])
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        dtype="float32",
+        architectures=["Qwen3ForCausalLM"],
+    )
 
 
 def batches(docs: list[list[int]], batch_size: int, pad: int, rng: random.Random):
@@ -76,8 +86,8 @@ def batches(docs: list[list[int]], batch_size: int, pad: int, rng: random.Random
         window = 50 * batch_size
         epoch = []
         for w in range(0, len(order), window):
-            chunk = sorted(order[w:w + window], key=lambda i: len(docs[i]))
-            epoch += [chunk[b:b + batch_size] for b in range(0, len(chunk), batch_size)]
+            chunk = sorted(order[w : w + window], key=lambda i: len(docs[i]))
+            epoch += [chunk[b : b + batch_size] for b in range(0, len(chunk), batch_size)]
         rng.shuffle(epoch)
         for idx in epoch:
             width = max(len(docs[i]) for i in idx)
@@ -98,7 +108,7 @@ def eval_loss(model, docs: list[list[int]], pad: int, batch_size: int = 50) -> f
     model.eval()
     total, count = 0.0, 0
     for b in range(0, len(docs), batch_size):
-        chunk = docs[b:b + batch_size]
+        chunk = docs[b : b + batch_size]
         width = max(map(len, chunk))
         ids = torch.tensor([d + [pad] * (width - len(d)) for d in chunk])
         n = sum(len(d) - 1 for d in chunk)
@@ -131,8 +141,11 @@ def train(cfg: BuildConfig, progress: bool = True) -> dict:
     model = Qwen3ForCausalLM(model_config(cfg, tok.get_vocab_size(), bos, eos, pad))
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+    )
     data = batches(docs, cfg.batch_size, pad, random.Random(cfg.seed))
     losses, tokens, start = [], 0, time.perf_counter()
     bar = tqdm(range(cfg.steps), desc="training", disable=not progress, mininterval=2.0)
@@ -150,10 +163,13 @@ def train(cfg: BuildConfig, progress: bool = True) -> dict:
         bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.4f}", lr=f"{lr_at(step, cfg):.1e}")
     seconds = time.perf_counter() - start
     record = {
-        "losses": losses, "train_seconds": seconds, "train_tokens": tokens,
-        "corpus_tokens": sum(map(len, docs)), "vocab_size": tok.get_vocab_size(),
+        "losses": losses,
+        "train_seconds": seconds,
+        "train_tokens": tokens,
+        "corpus_tokens": sum(map(len, docs)),
+        "vocab_size": tok.get_vocab_size(),
         "parameters": sum(p.numel() for p in model.parameters()),
-        "train_loss": eval_loss(model, docs[:cfg.n_heldout], pad),
+        "train_loss": eval_loss(model, docs[: cfg.n_heldout], pad),
         "heldout_loss": eval_loss(model, heldout_docs, pad),
     }
     return {"model": model.eval(), "tokenizer": tok, "record": record}
@@ -206,8 +222,12 @@ def save(out: Path, built: dict, cfg: BuildConfig, quality: dict, command: str) 
     model, rec = built["model"], built["record"]
     model.save_pretrained(out, safe_serialization=True)
     c = model.config
-    GenerationConfig(bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id, pad_token_id=c.pad_token_id,
-                     max_length=cfg.max_position_embeddings).save_pretrained(out)
+    GenerationConfig(
+        bos_token_id=c.bos_token_id,
+        eos_token_id=c.eos_token_id,
+        pad_token_id=c.pad_token_id,
+        max_length=cfg.max_position_embeddings,
+    ).save_pretrained(out)
     save_tokenizer(built["tokenizer"], out, cfg.max_position_embeddings)
     (out / "README.md").write_text(model_card(cfg, rec, quality, command))
     figures = {k: v for k, v in quality.items() if not isinstance(v, list)}
@@ -224,17 +244,23 @@ def main() -> None:
     cfg = BuildConfig(**{k: getattr(args, k) for k in asdict(BuildConfig())})
     built = train(cfg)
     rec = built["record"]
-    print(f"{rec['parameters']:,} parameters, {rec['train_seconds'] / 60:.1f} min, "
-          f"train loss {rec['train_loss']:.4f}, held-out loss {rec['heldout_loss']:.4f}")
-    from minillm.data.quality import evaluate_model
+    print(
+        f"{rec['parameters']:,} parameters, {rec['train_seconds'] / 60:.1f} min, "
+        f"train loss {rec['train_loss']:.4f}, held-out loss {rec['heldout_loss']:.4f}"
+    )
     from transformers import PreTrainedTokenizerFast
+
+    from minillm.data.quality import evaluate_model
 
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=built["tokenizer"], bos_token=BOS, eos_token=EOS, pad_token=PAD)
     quality = evaluate_model(built["model"], hf_tok)
-    print(f"sentence validity {quality['valid']}/{quality['total']} = {100 * quality['validity']:.1f}%, "
-          f"greedy {quality['greedy_valid']}/{quality['greedy_total']}")
+    print(
+        f"sentence validity {quality['valid']}/{quality['total']} = {100 * quality['validity']:.1f}%, "
+        f"greedy {quality['greedy_valid']}/{quality['greedy_total']}"
+    )
     command = "python scripts/build_default_model.py" + "".join(
-        f" --{k.replace('_', '-')} {v}" for k, v in asdict(cfg).items() if v != getattr(BuildConfig(), k))
+        f" --{k.replace('_', '-')} {v}" for k, v in asdict(cfg).items() if v != getattr(BuildConfig(), k)
+    )
     save(args.out, built, cfg, quality, command)
     print(f"wrote {args.out}")
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Measure a story model the way the model card does: sentence validity of sampled and greedy continuations.
 
-    python scripts/evaluate_default_model.py                  # the shipped default model
-    python scripts/evaluate_default_model.py --model DIR --show 3
+python scripts/evaluate_default_model.py                  # the shipped default model
+python scripts/evaluate_default_model.py --model DIR --show 3
 """
+
 import argparse
 import os
 import sys
@@ -33,7 +34,7 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(args.model, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(args.model, local_files_only=True).eval()
     q = evaluate_model(model, tok, args.n, args.temperature, args.seed, args.greedy)
-    for prompt, text in list(zip(q["prompts"], q["sampled"]))[:args.show]:
+    for prompt, text in list(zip(q["prompts"], q["sampled"]))[: args.show]:
         print(f"[{prompt}]{text}\n")
     for kind in ("sampled", "greedy"):
         bad = [s for t in q[kind] for s in split_sentences(t) if not is_valid_sentence(s)]

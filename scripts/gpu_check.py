@@ -16,6 +16,7 @@ Checks (each one is recorded with its status and time; one that fails does not s
   tensor_parallel  TP=2 over NCCL against one GPU (two GPUs or more)
   bench          the ladder and the roofline on the real model (SmolLM2-135M-Instruct), or the default model
 """
+
 import argparse
 import json
 import os
@@ -37,8 +38,10 @@ REAL_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 def prompts(n: int, lo: int, hi: int, vocab: int = 1000, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, vocab, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+    return [
+        torch.randint(3, vocab, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n)
+    ]
 
 
 def greedy(llm, batch, max_tokens=32) -> tuple[list[list[int]], float]:
@@ -51,8 +54,11 @@ def greedy(llm, batch, max_tokens=32) -> tuple[list[list[int]], float]:
 def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
     """How far two runs' greedy tokens agree: identical requests, and the mean length of the common prefix."""
     common = [next((i for i, (x, y) in enumerate(zip(s, t)) if x != y), min(len(s), len(t))) for s, t in zip(a, b)]
-    return {"identical": sum(s == t for s, t in zip(a, b)) / len(a), "mean_common_prefix": sum(common) / len(a),
-            "tokens_per_request": len(a[0])}
+    return {
+        "identical": sum(s == t for s, t in zip(a, b)) / len(a),
+        "mean_common_prefix": sum(common) / len(a),
+        "tokens_per_request": len(a[0]),
+    }
 
 
 def engine(args, model=None, **options):
@@ -64,8 +70,13 @@ def engine(args, model=None, **options):
 
 
 def check_tests(args) -> dict:
-    run = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     lines = run.stdout.strip().splitlines()
     if run.returncode not in (0, 5):  # 5: nothing collected
         raise AssertionError("\n".join(lines[-30:]))
@@ -90,8 +101,12 @@ def check_graphs(args) -> dict:
     llm = engine(args, dtype="float32", enforce_eager=False)
     graphs, s_graphs = greedy(llm, batch)
     assert graphs == eager, f"CUDA graphs changed greedy tokens: {agreement(eager, graphs)}"
-    return {"graph_mode": llm.model_runner.graph_mode, "seconds_eager": s_eager, "seconds_graphs": s_graphs,
-            "speedup": s_eager / s_graphs}
+    return {
+        "graph_mode": llm.model_runner.graph_mode,
+        "seconds_eager": s_eager,
+        "seconds_graphs": s_graphs,
+        "speedup": s_eager / s_graphs,
+    }
 
 
 def check_backends(args) -> dict:
@@ -125,19 +140,32 @@ def check_long_context(args) -> dict:
         second = first[:shared] + prompts(1, prompt_len - shared, prompt_len - shared, vocab=16384, seed=4)[0]
         result = {"max_model_len": max_len, "prompt_tokens": prompt_len, "shared_prefix_tokens": shared}
         for dtype in ("float32", "bfloat16"):
-            llm = engine(args, tmp, dtype=dtype, max_model_len=max_len, max_num_batched_tokens=4096,
-                         skip_tokenizer_init=True)
+            llm = engine(
+                args, tmp, dtype=dtype, max_model_len=max_len, max_num_batched_tokens=4096, skip_tokenizer_init=True
+            )
             outs = {}
             result[dtype] = {
                 "chunked_prefill_peak_bytes": peak_bytes(lambda: outs.update(a=greedy(llm, [first], 16)[0])),
-                "cached_prefix_peak_bytes": peak_bytes(lambda: outs.update(b=llm.generate(
-                    [second], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)[0])),
+                "cached_prefix_peak_bytes": peak_bytes(
+                    lambda: outs.update(
+                        b=llm.generate(
+                            [second], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False
+                        )[0]
+                    )
+                ),
             }
             result[dtype]["cached_tokens"] = outs["b"].num_cached_tokens
             assert outs["b"].num_cached_tokens >= shared // 16 * 16 - 16, "the shared prefix was not found in the cache"
             if dtype == "float32":
-                whole = engine(args, tmp, dtype=dtype, max_model_len=max_len, max_num_batched_tokens=max_len,
-                               enable_prefix_caching=False, skip_tokenizer_init=True)
+                whole = engine(
+                    args,
+                    tmp,
+                    dtype=dtype,
+                    max_model_len=max_len,
+                    max_num_batched_tokens=max_len,
+                    enable_prefix_caching=False,
+                    skip_tokenizer_init=True,
+                )
                 expected = greedy(whole, [first, second], 16)[0]
                 assert [outs["a"][0], outs["b"].token_ids] == expected, "chunks or the cached prefix changed tokens"
                 del whole
@@ -161,9 +189,13 @@ def check_kv_budget(args) -> dict:
     used = peak_bytes(lambda: llm.generate(prompts(512, 16, 512, seed=5), params, use_tqdm=False))
     held = torch.cuda.memory_allocated()
     assert torch.cuda.max_memory_allocated() <= utilization * total, "the engine used more than its share"
-    return {"num_kvcache_blocks": llm.model_runner.num_kvcache_blocks, "total_bytes": total,
-            "allocated_bytes": held, "run_peak_above_allocated_bytes": used,
-            "max_allocated_fraction": torch.cuda.max_memory_allocated() / total}
+    return {
+        "num_kvcache_blocks": llm.model_runner.num_kvcache_blocks,
+        "total_bytes": total,
+        "allocated_bytes": held,
+        "run_peak_above_allocated_bytes": used,
+        "max_allocated_fraction": torch.cuda.max_memory_allocated() / total,
+    }
 
 
 def check_tensor_parallel(args) -> dict:
@@ -182,25 +214,49 @@ def check_bench(args) -> dict:
     if not args.smoke:
         try:
             from minillm.utils.loader import resolve_model_path
+
             resolve_model_path(REAL_MODEL)
         except Exception as e:  # the package that carries its weights is not installed here
             model = []
             note = f"{REAL_MODEL} not available ({e}); the default model instead"
     result = {"model": model[-1] if model else "default"} | ({"note": note} if not model else {})
     with tempfile.TemporaryDirectory() as tmp:
-        for name, extra in [("ladder", ["--ladder", "--num-prompts", str(4 * args.n), "--ladder-slow-prompts", "4"]),
-                            ("roofline", ["--roofline"])]:
+        for name, extra in [
+            ("ladder", ["--ladder", "--num-prompts", str(4 * args.n), "--ladder-slow-prompts", "4"]),
+            ("roofline", ["--roofline"]),
+        ]:
             out = Path(tmp) / f"{name}.json"
-            subprocess.run([sys.executable, "-m", "minillm.bench", "--device", args.device, *model, *extra,
-                            "--output-json", str(out)], cwd=ROOT, check=True, timeout=240,
-                           stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "minillm.bench",
+                    "--device",
+                    args.device,
+                    *model,
+                    *extra,
+                    "--output-json",
+                    str(out),
+                ],
+                cwd=ROOT,
+                check=True,
+                timeout=240,
+                stdout=subprocess.DEVNULL,
+            )
             result[name] = json.loads(out.read_text())
     return result
 
 
-CHECKS = {"tests": check_tests, "dtypes": check_dtypes, "graphs": check_graphs, "backends": check_backends,
-          "long_context": check_long_context, "kv_budget": check_kv_budget, "tensor_parallel": check_tensor_parallel,
-          "bench": check_bench}
+CHECKS = {
+    "tests": check_tests,
+    "dtypes": check_dtypes,
+    "graphs": check_graphs,
+    "backends": check_backends,
+    "long_context": check_long_context,
+    "kv_budget": check_kv_budget,
+    "tensor_parallel": check_tensor_parallel,
+    "bench": check_bench,
+}
 
 
 def main() -> int:
@@ -213,8 +269,12 @@ def main() -> int:
     args.n = 8 if args.smoke else 64
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("no CUDA device: run this on a machine with an NVIDIA GPU (or --device cpu --smoke)")
-    report = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-              "torch": torch.__version__, "gpus": torch.cuda.device_count(), "checks": {}}
+    report = {
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "gpus": torch.cuda.device_count(),
+        "checks": {},
+    }
     for name in args.checks.split(","):
         if name == "tests" and args.device != "cuda":
             continue
@@ -226,8 +286,9 @@ def main() -> int:
             result = {"status": "failed", "error": f"{type(e).__name__}: {e}"[:4000]}
         result["seconds"] = round(time.perf_counter() - start, 1)
         report["checks"][name] = result
-        print(f"{name:16s} {result['status']:7s} {result['seconds']:6.1f} s  {result.get('error', '')[:200]}",
-              flush=True)
+        print(
+            f"{name:16s} {result['status']:7s} {result['seconds']:6.1f} s  {result.get('error', '')[:200]}", flush=True
+        )
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)  # after every check: a run cut short keeps some

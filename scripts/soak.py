@@ -8,6 +8,7 @@ raised inside a random step (the step rolled back, the call's requests aborted).
 must have every KV block free and nothing queued. The report says how many requests completed, were aborted
 or interrupted, and the resident memory and free blocks at the start and the end.
 """
+
 import argparse
 import random
 import resource
@@ -29,9 +30,16 @@ def random_batch(rng: random.Random, vocab: int, prefix: list[int]) -> tuple[lis
     for _ in range(rng.randint(1, 24)):
         own = [rng.randrange(3, vocab) for _ in range(rng.randint(1, 120))]
         prompts.append(prefix + own if rng.random() < 0.3 else own)
-        params.append(SamplingParams(temperature=rng.choice([0, 0.7, 1.0]), top_k=rng.choice([0, 20]),
-                                     top_p=rng.choice([1.0, 0.9]), max_tokens=rng.randint(1, 80),
-                                     seed=rng.choice([None, rng.randrange(1000)]), ignore_eos=rng.random() < 0.5))
+        params.append(
+            SamplingParams(
+                temperature=rng.choice([0, 0.7, 1.0]),
+                top_k=rng.choice([0, 20]),
+                top_p=rng.choice([1.0, 0.9]),
+                max_tokens=rng.randint(1, 80),
+                seed=rng.choice([None, rng.randrange(1000)]),
+                ignore_eos=rng.random() < 0.5,
+            )
+        )
     return prompts, params
 
 
@@ -44,6 +52,7 @@ def interrupt_at(llm: LLM, step: int):
         if calls[0] == step:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
+
     llm.model_runner.run = run
     return lambda: vars(llm.model_runner).pop("run")
 
@@ -92,11 +101,15 @@ def main() -> None:
         if sent // 500 != (sent - len(prompts)) // 500:
             print(f"{sent} requests, {rss_mib():.0f} MiB, {time.perf_counter() - start:.0f} s", flush=True)
     end_rss = rss_mib()
-    print(f"requests sent {sent}: completed {counts['completed']}, aborted by a broken stream {counts['aborted']}, "
-          f"interrupted {counts['interrupted']} (accounted for: {sum(counts.values()) == sent})")
-    print(f"resident memory {start_rss:.0f} MiB at start, {end_rss:.0f} MiB at the end "
-          f"({(end_rss - start_rss) / start_rss:+.1%}); free KV blocks {total} of {total} at start, "
-          f"{llm.block_manager.num_free_blocks} of {total} at the end; {time.perf_counter() - start:.0f} s")
+    print(
+        f"requests sent {sent}: completed {counts['completed']}, aborted by a broken stream {counts['aborted']}, "
+        f"interrupted {counts['interrupted']} (accounted for: {sum(counts.values()) == sent})"
+    )
+    print(
+        f"resident memory {start_rss:.0f} MiB at start, {end_rss:.0f} MiB at the end "
+        f"({(end_rss - start_rss) / start_rss:+.1%}); free KV blocks {total} of {total} at start, "
+        f"{llm.block_manager.num_free_blocks} of {total} at the end; {time.perf_counter() - start:.0f} s"
+    )
 
 
 if __name__ == "__main__":

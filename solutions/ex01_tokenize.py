@@ -35,7 +35,7 @@ def bpe_encode_word(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
         rank, i = min((ranks.get(pair, float("inf")), i) for i, pair in enumerate(zip(pieces, pieces[1:])))
         if rank == float("inf"):
             break
-        pieces[i:i + 2] = [pieces[i] + pieces[i + 1]]
+        pieces[i : i + 2] = [pieces[i] + pieces[i + 1]]
     return pieces
     # END EXERCISE
 
@@ -69,6 +69,6 @@ def detokenize_incrementally(tokenizer, ids: list[int], prefix_offset: int, read
     prefix_text = tokenizer.decode(ids[prefix_offset:read_offset])
     text = tokenizer.decode(ids[prefix_offset:])
     if len(text) > len(prefix_text) and not text.endswith("\ufffd"):
-        return text[len(prefix_text):], read_offset, len(ids)
+        return text[len(prefix_text) :], read_offset, len(ids)
     return "", prefix_offset, read_offset
     # END EXERCISE

@@ -32,8 +32,9 @@ def kv_cache_bytes_per_token(config: ModelConfig, dtype: torch.dtype = torch.flo
 
 
 # minillm/layers/paged_attention.py
-def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  slot_mapping: torch.Tensor) -> None:
+def store_kvcache(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Write each token's key and value [tokens, kv_heads, head_dim] into its slot; slot -1 means skip.
 
     k, v: [num_tokens, kv_heads, head_dim], the keys and values this step computed.

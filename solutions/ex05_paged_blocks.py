@@ -38,8 +38,14 @@ def slot_mapping_for(block_table: list[int], start: int, end: int, block_size: i
 
 
 # minillm/layers/paged_attention.py
-def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """One new query per sequence, q [num_seqs, heads, head_dim], attending to its context in the paged cache.
 
     q: [num_seqs, heads, head_dim], the query of each sequence's newest token.
@@ -67,8 +73,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     valid = torch.arange(max_len, device=q.device) < context_lens[:, None]  # [seqs, max_len]
     # GQA: the query heads sharing a KV head become that head's few "query positions", so K/V are never repeated
     q = q.view(num_seqs, kv_heads, -1, head_dim)
-    out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=valid[:, None, None, :],
-                                         scale=scale)
+    out = F.scaled_dot_product_attention(
+        q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=valid[:, None, None, :], scale=scale
+    )
     return out.reshape(num_seqs, -1, head_dim)
     # END EXERCISE
 

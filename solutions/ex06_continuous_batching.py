@@ -68,10 +68,11 @@ class Scheduler(minillm.engine.scheduler.Scheduler):
         Do not touch `num_computed_tokens` after scheduling: `postprocess` advances it once the step ran.
 
         Examples (blocks of 4 tokens, new_token_ratio 0, where can_admit asks only that the prompt fit): with
-        max_num_seqs=2 and prompts of 10, 11 and 12 tokens, one step admits the first two (both RUNNING, each with a block_table) and the third stays in waiting. With a
-        budget of 8, a 20-token prompt is scheduled as 8, 8 and 4 over three steps (only the last samples).
-        With 3 free blocks, prompts of 8 and 8 tokens: the first takes 2 blocks and runs; the second cannot be
-        allocated, so the step returns only the first and the second waits with an empty block_table.
+        max_num_seqs=2 and prompts of 10, 11 and 12 tokens, one step admits the first two (both RUNNING, each
+        with a block_table) and the third stays in waiting. With a budget of 8, a 20-token prompt is scheduled
+        as 8, 8 and 4 over three steps (only the last samples). With 3 free blocks, prompts of 8 and 8 tokens:
+        the first takes 2 blocks and runs; the second cannot be allocated, so the step returns only the first
+        and the second waits with an empty block_table.
         """
         # BEGIN EXERCISE 06.2: prefill selection — admit waiting sequences under the sequence, token and block budgets
         scheduled, budget = [], self.max_num_batched_tokens

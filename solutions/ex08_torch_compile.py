@@ -10,8 +10,9 @@ from minillm.layers.rms_norm import rms_norm
 
 
 # minillm/layers/rms_norm.py
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A layer's residual add and the RMSNorm that follows it, as one function: (rms_norm(x + residual), x + residual).
 
     x is a sublayer's output and residual the running sum of the layer's input and earlier outputs, both

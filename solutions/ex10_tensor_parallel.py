@@ -55,8 +55,9 @@ def qkv_shard_range(shard_id: str, num_heads: int, num_kv_heads: int, head_dim: 
 
 
 # minillm/layers/linear.py
-def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tp_rank: int,
-                        group: TensorParallelGroup | None) -> torch.Tensor:
+def row_parallel_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tp_rank: int, group: TensorParallelGroup | None
+) -> torch.Tensor:
     """The forward pass of a row-parallel linear layer on one rank: a partial y, summed over the ranks.
 
     W, [out, in], is split by input features (columns): this rank holds `weight`, [out, in / tp_size], and `x`
@@ -66,8 +67,8 @@ def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     a no-op for group None). `bias`, [out] or None, is whole on every rank: add it on rank 0 only (tp_rank 0),
     before the all-reduce, or it would be counted tp_size times. Returns [tokens, out], the same on every rank.
     The tests run two and three ranks in one process with a test double for the group that records each
-    all-reduce (in its list `reduced`), check that each rank calls it exactly once, that the partials sum to the unsplit layer's output, and that
-    the bias is counted once.
+    all-reduce (in its list `reduced`), check that each rank calls it exactly once, that the partials sum to the
+    unsplit layer's output, and that the bias is counted once.
 
     Example: x_whole = [[1, 2]], W = [[1, 1]], bias [10], 2 ranks: rank 0 has x [[1]], W [[1]] and partial
     1 + 10 = 11; rank 1 has x [[2]], W [[1]] and partial 2; the all-reduce gives [[13]] on both.
@@ -78,8 +79,9 @@ def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 
 
 # minillm/layers/embed_head.py
-def vocab_parallel_embed(input_ids: torch.Tensor, weight: torch.Tensor, vocab_start: int,
-                         group: TensorParallelGroup | None) -> torch.Tensor:
+def vocab_parallel_embed(
+    input_ids: torch.Tensor, weight: torch.Tensor, vocab_start: int, group: TensorParallelGroup | None
+) -> torch.Tensor:
     """Embedding lookup when the table is split by vocabulary: each rank holds rows vocab_start ..
     vocab_start + n - 1 of the whole table (`weight`, [n, hidden]), looks up the ids that fall in its range,
     gives zero rows for the others, and an all-reduce adds the ranks' answers, in which every id is non-zero on

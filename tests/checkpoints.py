@@ -1,28 +1,62 @@
 """Random-weight Hugging Face checkpoints of several shapes, written with transformers for the oracle tests."""
+
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM)
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-_COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-               max_position_embeddings=256, initializer_range=0.1)
+_COMMON = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=160,
+    num_hidden_layers=2,
+    max_position_embeddings=256,
+    initializer_range=0.1,
+)
 # name -> (transformers class, config): GQA and MHA, tied and untied, head_dim != hidden/heads, rope scaling.
 CONFIGS = {
-    "qwen3-gqa-tied": (Qwen3ForCausalLM, Qwen3Config(**_COMMON, num_attention_heads=4, num_key_value_heads=2,
-                                                     head_dim=32, tie_word_embeddings=True)),
-    "qwen3-gqa-untied": (Qwen3ForCausalLM, Qwen3Config(**_COMMON, num_attention_heads=4, num_key_value_heads=2,
-                                                       head_dim=16, tie_word_embeddings=False)),
-    "qwen3-mha-untied": (Qwen3ForCausalLM, Qwen3Config(**_COMMON, num_attention_heads=4, num_key_value_heads=4,
-                                                       head_dim=16, tie_word_embeddings=False)),
-    "qwen2-gqa-bias": (Qwen2ForCausalLM, Qwen2Config(**_COMMON, num_attention_heads=8, num_key_value_heads=2,
-                                                     tie_word_embeddings=True)),
-    "llama-mha-llama3-rope": (LlamaForCausalLM, LlamaConfig(
-        **_COMMON, num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False,
-        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                          original_max_position_embeddings=64))),
-    "llama-gqa-linear-rope": (LlamaForCausalLM, LlamaConfig(
-        **_COMMON, num_attention_heads=4, num_key_value_heads=1, head_dim=32, attention_bias=True,
-        rope_scaling=dict(rope_type="linear", factor=2.0))),
+    "qwen3-gqa-tied": (
+        Qwen3ForCausalLM,
+        Qwen3Config(**_COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True),
+    ),
+    "qwen3-gqa-untied": (
+        Qwen3ForCausalLM,
+        Qwen3Config(**_COMMON, num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False),
+    ),
+    "qwen3-mha-untied": (
+        Qwen3ForCausalLM,
+        Qwen3Config(**_COMMON, num_attention_heads=4, num_key_value_heads=4, head_dim=16, tie_word_embeddings=False),
+    ),
+    "qwen2-gqa-bias": (
+        Qwen2ForCausalLM,
+        Qwen2Config(**_COMMON, num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True),
+    ),
+    "llama-mha-llama3-rope": (
+        LlamaForCausalLM,
+        LlamaConfig(
+            **_COMMON,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            tie_word_embeddings=False,
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=64,
+            ),
+        ),
+    ),
+    "llama-gqa-linear-rope": (
+        LlamaForCausalLM,
+        LlamaConfig(
+            **_COMMON,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=32,
+            attention_bias=True,
+            rope_scaling=dict(rope_type="linear", factor=2.0),
+        ),
+    ),
 }
 
 

@@ -1,5 +1,6 @@
 """The torch attention backend: decode in chunks of rows equals one call over the whole batch; packed prefill
 equals chapter 03's causal attention, sequence by sequence, and over a prefix never holds the scores."""
+
 import itertools
 
 import torch
@@ -21,9 +22,12 @@ def test_decode_in_chunks_of_rows_equals_one_call():
     widths = (lens + block_size - 1) // block_size
     perm, tables, used = torch.randperm(400), [], 0
     for w in widths.tolist():
-        tables.append(perm[used:used + w].tolist() + [-1] * (int(widths.max()) - w))
+        tables.append(perm[used : used + w].tolist() + [-1] * (int(widths.max()) - w))
         used += w
-    k_cache, v_cache = torch.randn(400, block_size, kv_heads, head_dim), torch.randn(400, block_size, kv_heads, head_dim)
+    k_cache, v_cache = (
+        torch.randn(400, block_size, kv_heads, head_dim),
+        torch.randn(400, block_size, kv_heads, head_dim),
+    )
     q = torch.randn(len(lens), heads, head_dim)
     ctx = Context(block_tables=torch.tensor(tables), context_lens=lens, context_lens_cpu=lens.tolist())
     backend = TorchAttentionBackend()
@@ -34,8 +38,7 @@ def test_decode_in_chunks_of_rows_equals_one_call():
 
 def test_packed_prefill_equals_causal_attention_per_sequence():
     torch.manual_seed(0)
-    lens = [5, 1, 12]
-    cu = [0, 5, 6, 18]
+    cu = [0, 5, 6, 18]  # sequences of 5, 1 and 12 tokens
     q, k, v = torch.randn(18, 8, 16), torch.randn(18, 2, 16), torch.randn(18, 2, 16)
     out = prefill_attention(q, k, v, cu, cu, 0.25)
     for s, e in zip(cu, cu[1:]):
@@ -46,8 +49,10 @@ def prefix_batch(lens_q=(3, 40, 1), lens_k=(10, 64, 33), heads=8, kv_heads=2, he
     """Packed queries that are the last positions of longer sequences (a cached prefix or earlier chunks)."""
     torch.manual_seed(0)
     cu_q, cu_k = [0, *itertools.accumulate(lens_q)], [0, *itertools.accumulate(lens_k)]
-    full = [(torch.randn(n, heads, head_dim), torch.randn(n, kv_heads, head_dim), torch.randn(n, kv_heads, head_dim))
-            for n in lens_k]
+    full = [
+        (torch.randn(n, heads, head_dim), torch.randn(n, kv_heads, head_dim), torch.randn(n, kv_heads, head_dim))
+        for n in lens_k
+    ]
     q = torch.cat([fq[-nq:] for (fq, _, _), nq in zip(full, lens_q)])
     k, v = torch.cat([fk for _, fk, _ in full]), torch.cat([fv for _, _, fv in full])
     return full, q, k, v, cu_q, cu_k
@@ -57,7 +62,7 @@ def test_prefill_over_a_prefix_equals_causal_attention_over_the_whole_sequence()
     full, q, k, v, cu_q, cu_k = prefix_batch()
     out = prefill_attention(q, k, v, cu_q, cu_k, 0.25)
     for (fq, fk, fv), s, e in zip(full, cu_q, cu_q[1:]):
-        torch.testing.assert_close(out[s:e], causal_attention(fq, fk, fv, 0.25)[-(e - s):])
+        torch.testing.assert_close(out[s:e], causal_attention(fq, fk, fv, 0.25)[-(e - s) :])
 
 
 def largest_allocation(fn) -> int:

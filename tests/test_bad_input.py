@@ -1,5 +1,6 @@
 """Every bad input of the README's table gets an error that names the parameter and its limit, before any
 work starts, and leaves the engine as usable as a fresh one."""
+
 import math
 import os
 import shutil
@@ -27,23 +28,48 @@ def fresh_tokens():
 REQUESTS = [
     ("empty prompt", lambda llm: llm.generate("", use_tqdm=False), ValueError, "the prompt is empty"),
     ("empty id list", lambda llm: llm.generate([[]], use_tqdm=False), ValueError, "the prompt is empty"),
-    ("prompt as long as the context", lambda llm: llm.generate([[5] * 512], use_tqdm=False), ValueError,
-     r"prompt \(512 tokens\).*exceeds max_model_len=512"),
-    ("prompt + max_tokens past the context", lambda llm: llm.generate([[5] * 10], SamplingParams(max_tokens=510),
-                                                                      use_tqdm=False),
-     ValueError, r"\+ max_tokens \(510\) = 520 exceeds max_model_len=512"),
-    ("token id outside the vocabulary", lambda llm: llm.generate([[5, 10**6]], use_tqdm=False), ValueError,
-     r"unknown token ids \[1000000\]: ids must be integers in \[0, 1280\)"),
-    ("token id that is not an int", lambda llm: llm.generate([[5, 2.5]], use_tqdm=False), ValueError,
-     r"unknown token ids \[2.5\]: ids must be integers"),
-    ("strings and ids mixed", lambda llm: llm.generate(["Once", [5, 6]], use_tqdm=False), ValueError,
-     "the prompts mix strings and token id lists"),
-    ("a SamplingParams list of the wrong length", lambda llm: llm.generate(["a", "b"], [SamplingParams()] * 3,
-                                                                            use_tqdm=False),
-     ValueError, "2 prompts but 3 sampling params"),
-    ("a request larger than the whole KV cache", lambda llm: llm.generate([[5] * 200], SamplingParams(max_tokens=100),
-                                                                         use_tqdm=False),
-     ValueError, r"KV cache \(16 blocks of 16 tokens\) cannot hold one request of 300 tokens \(19 blocks\)"),
+    (
+        "prompt as long as the context",
+        lambda llm: llm.generate([[5] * 512], use_tqdm=False),
+        ValueError,
+        r"prompt \(512 tokens\).*exceeds max_model_len=512",
+    ),
+    (
+        "prompt + max_tokens past the context",
+        lambda llm: llm.generate([[5] * 10], SamplingParams(max_tokens=510), use_tqdm=False),
+        ValueError,
+        r"\+ max_tokens \(510\) = 520 exceeds max_model_len=512",
+    ),
+    (
+        "token id outside the vocabulary",
+        lambda llm: llm.generate([[5, 10**6]], use_tqdm=False),
+        ValueError,
+        r"unknown token ids \[1000000\]: ids must be integers in \[0, 1280\)",
+    ),
+    (
+        "token id that is not an int",
+        lambda llm: llm.generate([[5, 2.5]], use_tqdm=False),
+        ValueError,
+        r"unknown token ids \[2.5\]: ids must be integers",
+    ),
+    (
+        "strings and ids mixed",
+        lambda llm: llm.generate(["Once", [5, 6]], use_tqdm=False),
+        ValueError,
+        "the prompts mix strings and token id lists",
+    ),
+    (
+        "a SamplingParams list of the wrong length",
+        lambda llm: llm.generate(["a", "b"], [SamplingParams()] * 3, use_tqdm=False),
+        ValueError,
+        "2 prompts but 3 sampling params",
+    ),
+    (
+        "a request larger than the whole KV cache",
+        lambda llm: llm.generate([[5] * 200], SamplingParams(max_tokens=100), use_tqdm=False),
+        ValueError,
+        r"KV cache \(16 blocks of 16 tokens\) cannot hold one request of 300 tokens \(19 blocks\)",
+    ),
 ]
 
 
@@ -75,18 +101,38 @@ def test_a_bad_sampling_parameter_is_named(kwargs, message):
 
 
 ENGINES = [
-    ("KV budget smaller than one block", dict(kvcache_memory_bytes=1000), ValueError,
-     r"no memory is left for the KV cache \(one block needs 32768 bytes\): raise kvcache_memory_bytes"),
-    ("block size not a power of two", dict(kvcache_block_size=12), ValueError,
-     "kvcache_block_size must be a power of two"),
+    (
+        "KV budget smaller than one block",
+        dict(kvcache_memory_bytes=1000),
+        ValueError,
+        r"no memory is left for the KV cache \(one block needs 32768 bytes\): raise kvcache_memory_bytes",
+    ),
+    (
+        "block size not a power of two",
+        dict(kvcache_block_size=12),
+        ValueError,
+        "kvcache_block_size must be a power of two",
+    ),
     ("block size zero", dict(kvcache_block_size=0), ValueError, "kvcache_block_size must be a positive integer"),
     ("unknown engine option", dict(max_num_seq=4), TypeError, r"unknown engine option\(s\) \['max_num_seq'\]"),
-    ("tensor_parallel_size not dividing the KV heads", dict(tensor_parallel_size=4), ValueError,
-     r"tensor_parallel_size=4 does not divide the model's key/value heads \(2\): choose one of \[1, 2\]"),
-    ("tensor_parallel_size beyond the CPU cores", dict(tensor_parallel_size=2, cpu_count=1), ValueError,
-     r"tensor_parallel_size=2 exceeds the 1 CPU cores of this machine: one rank per CPU core, so at most 1"),
-    ("tensor_parallel_size zero", dict(tensor_parallel_size=0), ValueError,
-     "tensor_parallel_size must be a positive integer"),
+    (
+        "tensor_parallel_size not dividing the KV heads",
+        dict(tensor_parallel_size=4),
+        ValueError,
+        r"tensor_parallel_size=4 does not divide the model's key/value heads \(2\): choose one of \[1, 2\]",
+    ),
+    (
+        "tensor_parallel_size beyond the CPU cores",
+        dict(tensor_parallel_size=2, cpu_count=1),
+        ValueError,
+        r"tensor_parallel_size=2 exceeds the 1 CPU cores of this machine: one rank per CPU core, so at most 1",
+    ),
+    (
+        "tensor_parallel_size zero",
+        dict(tensor_parallel_size=0),
+        ValueError,
+        "tensor_parallel_size must be a positive integer",
+    ),
 ]
 
 
@@ -104,18 +150,26 @@ def broken_checkpoints(root: Path) -> dict[str, Path]:
     """Copies of the default model, each broken one way."""
     good = default_model_path()
     made = {}
-    for name in ("no config", "no weights", "truncated weights", "corrupt weights", "unsupported architecture",
-                 "quantized weights"):
+    for name in (
+        "no config",
+        "no weights",
+        "truncated weights",
+        "corrupt weights",
+        "unsupported architecture",
+        "quantized weights",
+    ):
         made[name] = shutil.copytree(good, root / name.replace(" ", "_"))
     (made["no config"] / "config.json").unlink()
     (made["no weights"] / "model.safetensors").unlink()
     data = (good / "model.safetensors").read_bytes()
-    (made["truncated weights"] / "model.safetensors").write_bytes(data[:len(data) // 2])
+    (made["truncated weights"] / "model.safetensors").write_bytes(data[: len(data) // 2])
     (made["corrupt weights"] / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json" + data)
     config = made["unsupported architecture"] / "config.json"
     config.write_text(config.read_text().replace("Qwen3ForCausalLM", "MambaForCausalLM"))
     config = made["quantized weights"] / "config.json"
-    config.write_text(config.read_text().replace("{", '{"quantization_config": {"quant_method": "gptq", "bits": 4},', 1))
+    config.write_text(
+        config.read_text().replace("{", '{"quantization_config": {"quant_method": "gptq", "bits": 4},', 1)
+    )
     return made
 
 
@@ -126,8 +180,12 @@ CHECKPOINTS = [
     ("truncated weights", ValueError, "model.safetensors is not a readable safetensors file.*truncated or corrupt"),
     ("corrupt weights", ValueError, "model.safetensors is not a readable safetensors file.*truncated or corrupt"),
     ("unsupported architecture", ValueError, "unsupported architecture 'MambaForCausalLM': minillm supports"),
-    ("quantized weights", ValueError, r"weights are stored quantized \(quantization_config: quant_method 'gptq'\)"
-     ".*use the unquantized checkpoint"),
+    (
+        "quantized weights",
+        ValueError,
+        r"weights are stored quantized \(quantization_config: quant_method 'gptq'\)"
+        ".*use the unquantized checkpoint",
+    ),
 ]
 
 

@@ -1,5 +1,6 @@
 """minillm.bench: its workloads, metrics, step breakdown, peers' token counts, CLI and JSON record; the ladder,
 online serving, the roofline and cost against size (that each runs and records its fields, never speed)."""
+
 import json
 import math
 from types import SimpleNamespace
@@ -9,10 +10,8 @@ import torch
 from checkpoints import make_checkpoint
 
 from minillm import default_model_path
-from minillm.bench import main, workloads
-from minillm.bench import ladder
-from minillm.bench.backends import (Models, greedy, run_compiled, run_compiled_layers, run_eager, run_minillm,
-                                    run_static)
+from minillm.bench import ladder, main, workloads
+from minillm.bench.backends import Models, greedy, run_compiled, run_compiled_layers, run_eager, run_minillm, run_static
 from minillm.bench.breakdown import PARTS, StepBreakdown
 from minillm.bench.cli import DEFAULT_BACKENDS, check_token_counts, make_workload, parse_args
 from minillm.bench.hf import batch_sizes, generate_padded, run_hf_generate_batch
@@ -95,7 +94,7 @@ class FakeScheduler:
 
     def schedule(self):
         self.num_steps += 1
-        return ["a", "b", "c"][:self.num_steps], self.num_steps == 1
+        return ["a", "b", "c"][: self.num_steps], self.num_steps == 1
 
     def postprocess(self, seqs, token_ids):
         return seqs
@@ -162,13 +161,19 @@ def test_every_backend_generates_the_same_greedy_tokens_past_eos(eos_checkpoint)
     padded = generate_padded(models.hf_model, workload, batch_size=2)
     assert [len(t) for t in padded] == workload.output_lens
     assert padded[0][0] == json.loads((eos_checkpoint / "config.json").read_text())["eos_token_id"]
-    alone = [generate_padded(models.hf_model, Workload([p], [n]), 1)[0]
-             for p, n in zip(workload.prompts, workload.output_lens)]
+    alone = [
+        generate_padded(models.hf_model, Workload([p], [n]), 1)[0]
+        for p, n in zip(workload.prompts, workload.output_lens)
+    ]
     assert padded == alone  # padding changes nothing: greedy, masked
-    runs = [run_hf_generate_batch(models, workload, warmup, args=None), run_minillm(models, workload, warmup, None),
-            run_static(models, workload, warmup, SimpleNamespace(static_batch_size=2)),
-            run_compiled(models, workload, warmup, None), run_compiled_layers(models, workload, warmup, None),
-            run_eager(models, workload, warmup, None)]
+    runs = [
+        run_hf_generate_batch(models, workload, warmup, args=None),
+        run_minillm(models, workload, warmup, None),
+        run_static(models, workload, warmup, SimpleNamespace(static_batch_size=2)),
+        run_compiled(models, workload, warmup, None),
+        run_compiled_layers(models, workload, warmup, None),
+        run_eager(models, workload, warmup, None),
+    ]
     for run in runs:
         assert run.token_ids == alone
         assert all(arrival <= first <= finish for arrival, first, finish in run.times)
@@ -176,7 +181,8 @@ def test_every_backend_generates_the_same_greedy_tokens_past_eos(eos_checkpoint)
     assert sorted(models.compiled_engine.model_runner.graphs.build_seconds) == [1, 2]  # built before the clock
     assert runs[3].info["capture_seconds"] > 0 and runs[1].info["graph_mode"].startswith("eager")
     assert runs[4].info["graph_mode"].endswith("layers compiled") and runs[5].info["graph_mode"] == (
-        "eager (enforce_eager=True); layers eager")
+        "eager (enforce_eager=True); layers eager"
+    )
     engine = models.engine  # the breakdown's and the static run's wrappers are gone
     assert "step" not in vars(engine) and "schedule" not in vars(engine.scheduler)
     assert "run_model" not in vars(engine.model_runner) and "forward" not in vars(engine.model_runner.sampler)
@@ -200,22 +206,31 @@ def test_random_model_sizes(tmp_path):
     assert set(RANDOM_SIZES) == {"tiny", "25m", "100m"}
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--backends", "minillm,vllm"], "unknown backend(s) vllm; choose from minillm, minillm-compiled, "
-                                     "minillm-compiled-layers, minillm-eager, minillm-static, hf-generate, "
-                                     "hf-generate-batch"),
-    (["--input-range", "256:16"], "expected MIN:MAX with 1 <= MIN <= MAX, got '256:16'"),
-    (["--num-prompts", "0"], "expected a positive integer, got '0'"),
-    (["--hf-batch-size", "big"], "expected a positive integer, got 'big'"),
-    (["--model", "x", "--random-size", "tiny"], "not allowed with argument --model"),
-    (["--random-size", "1b"], "invalid choice: '1b'"),
-    (["--serve-rates", "2,0"], "expected comma-separated request rates > 0 (or inf), got '2,0'"),
-    (["--rungs", "naive,turbo"], "unknown name(s) turbo; choose from naive, kv-cache, static, continuous, "
-                                 "prefix-caching, cpu-kernels, compiled, triton"),
-    (["--sizes", "tiny,1b"], "unknown name(s) 1b"),
-    (["--ladder", "--rungs", "static,triton"], "--rungs: triton runs on --device cuda only"),
-    (["--ladder", "--roofline"], "not allowed with argument --ladder"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--backends", "minillm,vllm"],
+            "unknown backend(s) vllm; choose from minillm, minillm-compiled, "
+            "minillm-compiled-layers, minillm-eager, minillm-static, hf-generate, "
+            "hf-generate-batch",
+        ),
+        (["--input-range", "256:16"], "expected MIN:MAX with 1 <= MIN <= MAX, got '256:16'"),
+        (["--num-prompts", "0"], "expected a positive integer, got '0'"),
+        (["--hf-batch-size", "big"], "expected a positive integer, got 'big'"),
+        (["--model", "x", "--random-size", "tiny"], "not allowed with argument --model"),
+        (["--random-size", "1b"], "invalid choice: '1b'"),
+        (["--serve-rates", "2,0"], "expected comma-separated request rates > 0 (or inf), got '2,0'"),
+        (
+            ["--rungs", "naive,turbo"],
+            "unknown name(s) turbo; choose from naive, kv-cache, static, continuous, "
+            "prefix-caching, cpu-kernels, compiled, triton",
+        ),
+        (["--sizes", "tiny,1b"], "unknown name(s) 1b"),
+        (["--ladder", "--rungs", "static,triton"], "--rungs: triton runs on --device cuda only"),
+        (["--ladder", "--roofline"], "not allowed with argument --ladder"),
+    ],
+)
 def test_cli_argument_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         parse_args(argv)
@@ -232,12 +247,39 @@ def test_cli_rejects_a_workload_longer_than_the_model(tmp_path):
 def test_end_to_end_record(tmp_path):
     """All four backends on a random tiny model, mixed lengths (some of one token): the JSON record."""
     out, png = tmp_path / "r.json", tmp_path / "r.png"
-    returned = main(["--random-size", "tiny", "--num-prompts", "4", "--workload", "mixed", "--input-range", "3:20",
-                     "--output-range", "1:9", "--hf-batch-size", "auto", "--output-json", str(out), "--plot", str(png)])
+    returned = main(
+        [
+            "--random-size",
+            "tiny",
+            "--num-prompts",
+            "4",
+            "--workload",
+            "mixed",
+            "--input-range",
+            "3:20",
+            "--output-range",
+            "1:9",
+            "--hf-batch-size",
+            "auto",
+            "--output-json",
+            str(out),
+            "--plot",
+            str(png),
+        ]
+    )
     record = json.loads(out.read_text())
     assert record == json.loads(json.dumps(returned, default=str))
-    assert set(record) >= {"machine", "versions", "git_commit", "config", "model", "workload", "results",
-                           "minillm_speedup", "breakdown"}
+    assert set(record) >= {
+        "machine",
+        "versions",
+        "git_commit",
+        "config",
+        "model",
+        "workload",
+        "results",
+        "minillm_speedup",
+        "breakdown",
+    }
     assert set(record["machine"]) == {"cpu", "num_cores", "torch_threads", "device", "gpu"}
     assert set(record["versions"]) == {"python", "torch", "transformers", "minillm"}
     assert set(vars(parse_args([]))) <= set(record["config"])
@@ -257,9 +299,28 @@ def test_end_to_end_record(tmp_path):
 
 def test_repeats_run_every_backend_each_round_on_fresh_prompts_and_count_the_fastest(tmp_path):
     out = tmp_path / "r.json"
-    record = main(["--random-size", "tiny", "--num-prompts", "10", "--workload", "mixed", "--input-range", "3:12",
-                   "--output-range", "1:6", "--backends", "minillm,hf-generate", "--hf-batch-size", "auto",
-                   "--repeats", "3", "--output-json", str(out)])
+    record = main(
+        [
+            "--random-size",
+            "tiny",
+            "--num-prompts",
+            "10",
+            "--workload",
+            "mixed",
+            "--input-range",
+            "3:12",
+            "--output-range",
+            "1:6",
+            "--backends",
+            "minillm,hf-generate",
+            "--hf-batch-size",
+            "auto",
+            "--repeats",
+            "3",
+            "--output-json",
+            str(out),
+        ]
+    )
     for name, result in record["results"].items():
         rounds = result["rounds_output_tokens_per_second"]
         assert len(rounds) == 3 and result["output_tokens_per_second"] == max(rounds)
@@ -305,7 +366,9 @@ def test_every_ladder_rung_generates_the_naive_loops_greedy_tokens(eos_checkpoin
         assert r["same_tokens_as_first"] == 1.0, name  # the first rung is the naive loop, on every request
         assert r["num_requests"] == 3 and r["num_output_tokens"] == 18
     assert rungs["naive"]["speedup_over_first"] == rungs["naive"]["speedup_over_previous"] == 1.0
-    assert rungs["continuous"]["graph_mode"].startswith("eager") and not rungs["compiled"]["graph_mode"].startswith("eager")
+    assert rungs["continuous"]["graph_mode"].startswith("eager") and not rungs["compiled"]["graph_mode"].startswith(
+        "eager"
+    )
     assert rungs["compiled"]["graph_mode"].endswith("layers compiled")
 
 
@@ -322,9 +385,27 @@ def test_each_ladder_rung_turns_on_one_more_technique():
 
 def test_ladder_record_runs_the_slow_rungs_on_the_first_requests(tmp_path):
     out, png = tmp_path / "l.json", tmp_path / "l.png"
-    main(["--ladder", "--random-size", "tiny", "--num-prompts", "4", "--input-len", "8", "--output-len", "4",
-          "--rungs", "naive,kv-cache,static,continuous", "--ladder-slow-prompts", "2", "--output-json", str(out),
-          "--plot", str(png)])
+    main(
+        [
+            "--ladder",
+            "--random-size",
+            "tiny",
+            "--num-prompts",
+            "4",
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--rungs",
+            "naive,kv-cache,static,continuous",
+            "--ladder-slow-prompts",
+            "2",
+            "--output-json",
+            str(out),
+            "--plot",
+            str(png),
+        ]
+    )
     record = json.loads(out.read_text())
     assert record["ladder"]["slow_prompts"] == 2 and record["workload"]["num_requests"] == 4
     rungs = record["ladder"]["rungs"]
@@ -332,8 +413,18 @@ def test_ladder_record_runs_the_slow_rungs_on_the_first_requests(tmp_path):
     assert [r["num_requests"] for r in rungs.values()] == [2, 2, 4, 4]
     assert [r["first_requests_only"] for r in rungs.values()] == [True, True, False, False]
     for r in rungs.values():
-        assert set(r) >= {"label", "output_tokens_per_second", "speedup_over_previous", "speedup_over_first",
-                          "same_tokens_as_first", "elapsed_time"} and r["same_tokens_as_first"] == 1.0
+        assert (
+            set(r)
+            >= {
+                "label",
+                "output_tokens_per_second",
+                "speedup_over_previous",
+                "speedup_over_first",
+                "same_tokens_as_first",
+                "elapsed_time",
+            }
+            and r["same_tokens_as_first"] == 1.0
+        )
     first, second = rungs["naive"]["output_tokens_per_second"], rungs["kv-cache"]["output_tokens_per_second"]
     assert rungs["kv-cache"]["speedup_over_previous"] == pytest.approx(second / first)
     assert "mean_ttft_ms" in rungs["static"] and "mean_ttft_ms" not in rungs["naive"]
@@ -342,9 +433,28 @@ def test_ladder_record_runs_the_slow_rungs_on_the_first_requests(tmp_path):
 
 def test_serving_record_has_latency_per_rate_for_both_backends(tmp_path):
     out, png = tmp_path / "s.json", tmp_path / "s.png"
-    main(["--serve-rates", "40,inf", "--random-size", "tiny", "--num-prompts", "4", "--workload", "mixed",
-          "--input-range", "3:12", "--output-range", "1:6", "--static-batch-size", "2", "--output-json", str(out),
-          "--plot", str(png)])
+    main(
+        [
+            "--serve-rates",
+            "40,inf",
+            "--random-size",
+            "tiny",
+            "--num-prompts",
+            "4",
+            "--workload",
+            "mixed",
+            "--input-range",
+            "3:12",
+            "--output-range",
+            "1:6",
+            "--static-batch-size",
+            "2",
+            "--output-json",
+            str(out),
+            "--plot",
+            str(png),
+        ]
+    )
     serving = json.loads(out.read_text())["serving"]
     assert serving["request_rates"] == [40, math.inf] and serving["static_batch_size"] == 2
     assert list(serving["results"]) == ["minillm", "minillm-static"]
@@ -360,8 +470,25 @@ def test_serving_record_has_latency_per_rate_for_both_backends(tmp_path):
 
 def test_roofline_record_has_fractions_of_the_measured_ceilings(tmp_path):
     out = tmp_path / "r.json"
-    main(["--roofline", "--random-size", "tiny", "--roofline-batch", "4", "--input-len", "16", "--output-len", "8",
-          "--roofline-bytes", str(64 * 2**20), "--repeats", "2", "--output-json", str(out)])
+    main(
+        [
+            "--roofline",
+            "--random-size",
+            "tiny",
+            "--roofline-batch",
+            "4",
+            "--input-len",
+            "16",
+            "--output-len",
+            "8",
+            "--roofline-bytes",
+            str(64 * 2**20),
+            "--repeats",
+            "2",
+            "--output-json",
+            str(out),
+        ]
+    )
     roofline = json.loads(out.read_text())["roofline"]
     bandwidth = roofline["memory_bandwidth"]
     assert bandwidth["array_bytes"] == 64 * 2**20 and bandwidth["matvec_gb_s"] > 0  # the CPU kernels are built here
@@ -375,14 +502,34 @@ def test_roofline_record_has_fractions_of_the_measured_ceilings(tmp_path):
     assert many["flops_per_token"] == 2 * roofline["num_parameters"]
     assert 0 < one["fraction_of_bandwidth"] < 1.5 and 0 < many["fraction_of_matmul_flops"] < 1.5
     for rate in one, many:  # --repeats 2: the faster of two runs counts
-        assert len(rate["rounds_tokens_per_second"]) == 2 and rate["tokens_per_second"] == max(rate["rounds_tokens_per_second"])
+        assert len(rate["rounds_tokens_per_second"]) == 2 and rate["tokens_per_second"] == max(
+            rate["rounds_tokens_per_second"]
+        )
 
 
 def test_cost_against_size_record(tmp_path):
     out, png = tmp_path / "z.json", tmp_path / "z.png"
-    main(["--sizes", "tiny", "--backends", "minillm,hf-generate", "--num-prompts", "2", "--input-len", "8",
-          "--output-len", "4", "--output-json", str(out), "--plot", str(png)])
+    main(
+        [
+            "--sizes",
+            "tiny",
+            "--backends",
+            "minillm,hf-generate",
+            "--num-prompts",
+            "2",
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--output-json",
+            str(out),
+            "--plot",
+            str(png),
+        ]
+    )
     sizes = json.loads(out.read_text())["sizes"]
     assert [s["size"] for s in sizes] == ["tiny"] and 0.8e6 < sizes[0]["num_parameters"] < 1.2e6
-    assert list(sizes[0]["results"]) == ["minillm", "hf-generate"] and set(sizes[0]["minillm_speedup"]) == {"hf-generate"}
+    assert list(sizes[0]["results"]) == ["minillm", "hf-generate"] and set(sizes[0]["minillm_speedup"]) == {
+        "hf-generate"
+    }
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,6 +1,7 @@
 """llama.cpp as a peer: the GGUF writer's layout, and llama.cpp's greedy tokens equal minillm's on the same
 weights. The GGUF and llama.cpp tests skip, with the reason, where the optional `peers` extra (gguf,
 llama-cpp-python) is not installed."""
+
 import importlib.util
 import json
 
@@ -30,8 +31,9 @@ def test_tensor_names_follow_llama_cpp():
 
 def test_unavailable_peer_is_reported_not_raised(monkeypatch, capsys):
     monkeypatch.setattr(llamacpp, "unavailable", lambda: "not installed: llama-cpp-python (test)")
-    assert llamacpp.compare(None, None, [[1, 2]], 4) == dict(llama_cpp=dict(unavailable="not installed: "
-                                                                                  "llama-cpp-python (test)"))
+    assert llamacpp.compare(None, None, [[1, 2]], 4) == dict(
+        llama_cpp=dict(unavailable="not installed: llama-cpp-python (test)")
+    )
     assert "llama.cpp peer skipped: not installed" in capsys.readouterr().out
 
 
@@ -71,8 +73,12 @@ def test_gguf_has_the_hyperparameters_and_every_weight_unchanged(checkpoint, tmp
 def test_llama_cpp_greedy_tokens_equal_minillms(checkpoint, tmp_path):
     prompts, n = [[5, 6, 7], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11], [3] * 20, list(range(40, 72))], 16
     engine = LLM(checkpoint)
-    ours = [out.token_ids for out in engine.generate(
-        prompts, [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)] * len(prompts), use_tqdm=False)]
+    ours = [
+        out.token_ids
+        for out in engine.generate(
+            prompts, [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)] * len(prompts), use_tqdm=False
+        )
+    ]
     llm = llamacpp.load(export(checkpoint, tmp_path), 64, threads=1)
     theirs = [llamacpp.generate(llm, prompt, n)[0] for prompt in prompts]
     llm.close()
@@ -107,8 +113,25 @@ def test_roofline_record_with_the_llama_cpp_peer(tmp_path, monkeypatch):
 
     monkeypatch.setattr(llamacpp, "CACHE_DIR", tmp_path / "gguf")
     out = tmp_path / "r.json"
-    main(["--roofline", "--peer", "llama-cpp", "--random-size", "tiny", "--roofline-batch", "2", "--input-len", "16",
-          "--output-len", "8", "--roofline-bytes", str(16 * 2**20), "--output-json", str(out)])
+    main(
+        [
+            "--roofline",
+            "--peer",
+            "llama-cpp",
+            "--random-size",
+            "tiny",
+            "--roofline-batch",
+            "2",
+            "--input-len",
+            "16",
+            "--output-len",
+            "8",
+            "--roofline-bytes",
+            str(16 * 2**20),
+            "--output-json",
+            str(out),
+        ]
+    )
     record = json.loads(out.read_text())
     assert record["roofline"]["batch_1"]["tokens_per_second"] > 0
     if llamacpp.unavailable():

@@ -4,6 +4,7 @@ Most tests need no vLLM: a fake runner plays the subprocess by running minillm/b
 process against a fake `vllm` module (backed by minillm's own engine, so its greedy tokens are minillm's); the
 request and result files, the environment, the per-round timings and the comparison's record are all real. One
 test runs vLLM itself, only where its environment exists (`make peers-vllm`; CI does not build it)."""
+
 import json
 import shutil
 import sys
@@ -16,14 +17,24 @@ from checkpoints import make_checkpoint
 
 from minillm import LLM, SamplingParams, default_model_path
 from minillm.bench import main, vllm_peer, vllm_run
+from minillm.bench import models as bench_models
 from minillm.bench.backends import Models
 from minillm.bench.cli import parse_args
 from minillm.bench.memory import describe, engine_growth, process_memory
-from minillm.bench import models as bench_models
 from minillm.bench.workloads import Workload
 
-TINY = ["--workload", "mixed", "--num-prompts", "3", "--input-range", "3:12", "--output-range", "1:5",
-        "--backends", "minillm"]
+TINY = [
+    "--workload",
+    "mixed",
+    "--num-prompts",
+    "3",
+    "--input-range",
+    "3:12",
+    "--output-range",
+    "1:5",
+    "--backends",
+    "minillm",
+]
 
 
 class FakeVLLM:
@@ -41,19 +52,25 @@ class FakeVLLM:
             FakeVLLM.instances.append(engine)
             self.engine = engine
             self.calls = 0
-            self.llm = LLM(engine["model"], max_num_seqs=engine["max_num_seqs"],
-                           max_num_batched_tokens=engine["max_num_batched_tokens"],
-                           kvcache_memory_bytes=engine["kv_cache_memory_bytes"],
-                           skip_tokenizer_init=engine["skip_tokenizer_init"])
+            self.llm = LLM(
+                engine["model"],
+                max_num_seqs=engine["max_num_seqs"],
+                max_num_batched_tokens=engine["max_num_batched_tokens"],
+                kvcache_memory_bytes=engine["kv_cache_memory_bytes"],
+                skip_tokenizer_init=engine["skip_tokenizer_init"],
+            )
 
         def generate(self, prompts, params, use_tqdm=True):
             assert use_tqdm is False and all(p.kwargs["temperature"] == 0 and p.kwargs["ignore_eos"] for p in params)
-            outs = self.llm.generate([p["prompt_token_ids"] for p in prompts],
-                                     [SamplingParams(temperature=0, max_tokens=p.kwargs["max_tokens"], ignore_eos=True)
-                                      for p in params], use_tqdm=False)
+            outs = self.llm.generate(
+                [p["prompt_token_ids"] for p in prompts],
+                [SamplingParams(temperature=0, max_tokens=p.kwargs["max_tokens"], ignore_eos=True) for p in params],
+                use_tqdm=False,
+            )
             metrics = SimpleNamespace(first_token_latency=0.25, first_token_ts=10.0, last_token_ts=10.5)
-            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=tuple(o.token_ids))], metrics=metrics)
-                    for o in outs]
+            return [
+                SimpleNamespace(outputs=[SimpleNamespace(token_ids=tuple(o.token_ids))], metrics=metrics) for o in outs
+            ]
 
 
 @pytest.fixture
@@ -82,17 +99,34 @@ def test_the_subprocess_gets_minillms_settings_and_its_result_becomes_one_run_pe
     models = Models(default_model_path(), {"kvcache_memory_bytes": 64 * 2**20, "max_num_seqs": 8})
     rounds = [Workload([[5, 6, 7], [9, 8, 7, 6]], [4, 2]), Workload([[10, 11], [12, 13, 14]], [1, 3])]
     runs = vllm_peer.run(models, rounds, Workload([[3, 4]], [2]), threads=1, venv=Path("/venv"))
-    (argv, env), = fake_vllm  # one subprocess for every round
+    ((argv, env),) = fake_vllm  # one subprocess for every round
     assert argv[:3] == ["/venv/bin/python", "-I", str(vllm_peer.RUNNER)] and argv[3].endswith("request.json")
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == vllm_peer.cpu_bind(1) and "," not in env["VLLM_CPU_OMP_THREADS_BIND"]
     assert "VLLM_CPU_KVCACHE_SPACE" not in env and env["HF_HUB_OFFLINE"] == "1"
-    engine, = FakeVLLM.instances
-    assert engine == dict(model=str(default_model_path()), dtype="float32", max_model_len=512, max_num_seqs=8,
-                          max_num_batched_tokens=4096, kv_cache_memory_bytes=64 * 2**20, enable_prefix_caching=True,
-                          skip_tokenizer_init=False, seed=0, disable_log_stats=False)
-    ours = [[o.token_ids for o in models.engine.generate(w.prompts, [SamplingParams(temperature=0, max_tokens=n,
-                                                                                   ignore_eos=True) for n in w.output_lens],
-                                                          use_tqdm=False)] for w in rounds]
+    (engine,) = FakeVLLM.instances
+    assert engine == dict(
+        model=str(default_model_path()),
+        dtype="float32",
+        max_model_len=512,
+        max_num_seqs=8,
+        max_num_batched_tokens=4096,
+        kv_cache_memory_bytes=64 * 2**20,
+        enable_prefix_caching=True,
+        skip_tokenizer_init=False,
+        seed=0,
+        disable_log_stats=False,
+    )
+    ours = [
+        [
+            o.token_ids
+            for o in models.engine.generate(
+                w.prompts,
+                [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in w.output_lens],
+                use_tqdm=False,
+            )
+        ]
+        for w in rounds
+    ]
     assert [run.token_ids for run in runs] == ours
     assert [list(map(len, run.token_ids)) for run in runs] == [[4, 2], [1, 3]]
     assert all(run.elapsed > 0 and run.times == [(0.0, 0.25, 0.75)] * 2 for run in runs)
@@ -115,8 +149,9 @@ def test_a_failed_subprocess_says_so_with_its_log_and_keeps_the_files(tmp_path):
 
 
 def test_a_quantization_config_is_dropped_for_vllm_only(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "quantization_config": {
-        "quant_method": "gguf"}}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "llama", "quantization_config": {"quant_method": "gguf"}})
+    )
     (tmp_path / "model.safetensors").write_bytes(b"weights")
     with vllm_peer.vllm_checkpoint(tmp_path) as (path, dropped):
         assert dropped == "gguf" and path != tmp_path
@@ -128,8 +163,9 @@ def test_a_quantization_config_is_dropped_for_vllm_only(tmp_path):
 
 
 def test_an_absent_environment_is_reported_with_the_command_that_makes_it(tmp_path):
-    assert vllm_peer.unavailable(tmp_path / "none") == (f"no vLLM environment at {tmp_path / 'none'}: "
-                                                         f"{vllm_peer.INSTALL}")
+    assert vllm_peer.unavailable(tmp_path / "none") == (
+        f"no vLLM environment at {tmp_path / 'none'}: {vllm_peer.INSTALL}"
+    )
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "python").touch()
     assert vllm_peer.unavailable(tmp_path).startswith(f"vllm is not installed in {tmp_path}: make peers-vllm")
@@ -158,7 +194,8 @@ def test_the_bench_skips_an_absent_vllm_and_records_the_engines_memory(tmp_path,
     if memory["source"] is not None:  # Linux: /proc/self/status
         assert memory["rss_after_bytes"] - memory["rss_before_bytes"] == memory["rss_growth_bytes"] > 0
         assert memory["growth_over_weights_and_kv"] == pytest.approx(
-            memory["rss_growth_bytes"] / (memory["weight_bytes"] + memory["kv_cache_budget_bytes"]))
+            memory["rss_growth_bytes"] / (memory["weight_bytes"] + memory["kv_cache_budget_bytes"])
+        )
         assert "minillm engine memory: resident +" in printed
 
 
@@ -170,7 +207,8 @@ def test_the_comparison_reports_vllm_beside_minillm_with_tokens_compared(fake_vl
     assert vllm["same_tokens_as_minillm"] == 1 and len(vllm["rounds_output_tokens_per_second"]) == 2
     assert vllm["num_output_tokens"] == record["workload"]["num_output_tokens"] and vllm["mean_ttft_ms"] == 250
     assert record["minillm_speedup"]["vllm"] == pytest.approx(
-        record["results"]["minillm"]["output_tokens_per_second"] / vllm["output_tokens_per_second"])
+        record["results"]["minillm"]["output_tokens_per_second"] / vllm["output_tokens_per_second"]
+    )
     assert "vllm" not in record  # neither skipped nor failed
     printed = capsys.readouterr().out
     assert "same greedy tokens as minillm on 100% of the requests; minillm / vLLM" in printed
@@ -185,14 +223,17 @@ def test_a_vllm_failure_leaves_the_other_results(monkeypatch, tmp_path, capsys):
     assert "vLLM peer failed" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--peer", "vllm", "--roofline"], "--peer vllm runs with the throughput comparison"),
-    (["--peer", "vllm", "--serve-rates", "2"], "--peer vllm runs with the throughput comparison"),
-    (["--peer", "vllm", "--device", "cuda"], "vLLM's CPU build runs on --device cpu only"),
-    (["--peer", "llama-cpp"], "--peer llama-cpp runs with --roofline only"),
-    (["--vllm-venv", "x"], "--vllm-venv goes with --peer vllm"),
-    (["--peer", "sglang"], "invalid choice: 'sglang'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--peer", "vllm", "--roofline"], "--peer vllm runs with the throughput comparison"),
+        (["--peer", "vllm", "--serve-rates", "2"], "--peer vllm runs with the throughput comparison"),
+        (["--peer", "vllm", "--device", "cuda"], "vLLM's CPU build runs on --device cpu only"),
+        (["--peer", "llama-cpp"], "--peer llama-cpp runs with --roofline only"),
+        (["--vllm-venv", "x"], "--vllm-venv goes with --peer vllm"),
+        (["--peer", "sglang"], "invalid choice: 'sglang'"),
+    ],
+)
 def test_peer_argument_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         parse_args(argv)
@@ -210,8 +251,10 @@ def test_memory_arithmetic_and_line():
     m = engine_growth(dict(rss=100 * mb, peak_rss=150 * mb), dict(rss=700 * mb, peak_rss=900 * mb), 200 * mb, 300 * mb)
     assert m["rss_growth_bytes"] == 600 * mb and m["peak_rss_growth_bytes"] == 800 * mb  # 900 - 100
     assert m["growth_over_weights_and_kv"] == pytest.approx(1.2)
-    assert describe(m) == ("minillm engine memory: resident +600 MB building LLM(...) = 1.20 x (weights 200 MB + "
-                           "KV cache budget 300 MB); its peak +800 MB")
+    assert describe(m) == (
+        "minillm engine memory: resident +600 MB building LLM(...) = 1.20 x (weights 200 MB + "
+        "KV cache budget 300 MB); its peak +800 MB"
+    )
     earlier_peak = engine_growth(dict(rss=100 * mb, peak_rss=950 * mb), dict(rss=700 * mb, peak_rss=950 * mb), 1, 1)
     assert earlier_peak["peak_rss_growth_bytes"] is None  # the build's own peak is hidden under an earlier one
     assert describe(earlier_peak).endswith("MB)")
@@ -244,9 +287,12 @@ def test_vllm_generates_minillms_greedy_tokens_on_the_default_model():
     """vLLM itself (about a minute: its start-up), on the default model: the same greedy tokens as minillm."""
     models = Models(default_model_path(), {"kvcache_memory_bytes": 64 * 2**20})
     workload = Workload([[5, 6, 7], [9, 8, 7, 6, 5, 4, 3, 2, 1, 10, 11], [30] * 20], [12, 1, 20])
-    run, = vllm_peer.run(models, [workload], Workload([[3, 4, 5]], [4]), threads=2, venv=VENV)
-    ours = models.engine.generate(workload.prompts, [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-                                                     for n in workload.output_lens], use_tqdm=False)
+    (run,) = vllm_peer.run(models, [workload], Workload([[3, 4, 5]], [4]), threads=2, venv=VENV)
+    ours = models.engine.generate(
+        workload.prompts,
+        [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in workload.output_lens],
+        use_tqdm=False,
+    )
     assert run.token_ids == [o.token_ids for o in ours]
     assert run.info["vllm_version"].startswith("0.") and run.info["startup_seconds"] > 0 and run.elapsed > 0
 
@@ -258,8 +304,11 @@ def test_a_peer_out_of_memory_is_left_out_with_the_reason(monkeypatch, tmp_path,
         raise MemoryError("Memory footprint 8507072512 is more than available memory 6623603097")
 
     monkeypatch.setitem(cli.BACKENDS, "hf-generate-batch", out_of_memory)
-    record = main([*TINY[:-1], "minillm,hf-generate-batch", "--repeats", "2", "--output-json", str(tmp_path / "r.json")])
+    record = main(
+        [*TINY[:-1], "minillm,hf-generate-batch", "--repeats", "2", "--output-json", str(tmp_path / "r.json")]
+    )
     assert list(record["results"]) == ["minillm"] and list(record["minillm_speedup"]) == []
-    assert record["failed_backends"] == {"hf-generate-batch": "MemoryError: Memory footprint 8507072512 is more than "
-                                                               "available memory 6623603097"}
+    assert record["failed_backends"] == {
+        "hf-generate-batch": "MemoryError: Memory footprint 8507072512 is more than available memory 6623603097"
+    }
     assert "hf-generate-batch failed, left out of the comparison: MemoryError" in capsys.readouterr().out

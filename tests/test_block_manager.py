@@ -1,6 +1,8 @@
 """BlockManager: block boundaries, prefix sharing, revival, collisions, and no leaked blocks."""
+
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.sequence import Sequence
@@ -35,8 +37,8 @@ def test_blocks_at_boundaries(n):
     b = Sequence(list(range(n)))
     bm.allocate(b)
     assert b.num_cached_tokens == (n // BS) * BS  # only full blocks are shared
-    assert b.block_table[:n // BS] == a.block_table[:n // BS]
-    assert b.block_table[n // BS:] != a.block_table[n // BS:] or n % BS == 0
+    assert b.block_table[: n // BS] == a.block_table[: n // BS]
+    assert b.block_table[n // BS :] != a.block_table[n // BS :] or n % BS == 0
     assert_consistent(bm, [a, b])
     bm.deallocate(a), bm.deallocate(b)
     assert bm.num_free_blocks == 16
@@ -116,8 +118,9 @@ def test_decode_appends_a_block_when_the_last_one_is_full():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["new", "grow", "free"]), st.integers(0, 7), st.integers(1, 14)),
-                max_size=40))
+@given(
+    st.lists(st.tuples(st.sampled_from(["new", "grow", "free"]), st.integers(0, 7), st.integers(1, 14)), max_size=40)
+)
 def test_random_workloads_keep_ref_counts_consistent_and_leak_nothing(ops):
     bm = BlockManager(24, BS)
     live: list[Sequence] = []

@@ -10,6 +10,7 @@ settings of its own (no autosave; every cell kept in the page so all outputs can
 machine's (`apt-get install chromium`; .ci/run installs it): nothing is downloaded. JupyterLab, its kernels and
 the browser are stopped at the end whatever happens, and that none of them survives is checked.
 """
+
 import json
 import os
 import re
@@ -28,7 +29,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "results" / "browser"
 NOTEBOOKS = ["02_embed.ipynb", "06_continuous_batching.ipynb"]
-COURSE = ["notebooks", "exercises", "solutions", "tests", "pyproject.toml"]  # what the notebooks read from their folder up
+COURSE = [
+    "notebooks",
+    "exercises",
+    "solutions",
+    "tests",
+    "pyproject.toml",
+]  # what the notebooks read from their folder up
 KERNEL, KERNEL_DISPLAY = "minillm", "Python (minillm)"  # the kernelspec `make setup` installs
 PART_PX = 12_000  # screenshot height per image
 RUN_LIMIT_S = 600  # per notebook, as test_notebooks' TIME_LIMIT_S; 06 runs a real engine (a couple of minutes)
@@ -78,6 +85,7 @@ def our_processes(before: set[int], scratch: Path) -> list:
     """Processes this test started that are alive: new descendants of pytest, and any process whose command line
     names the scratch folder (JupyterLab, its kernels and Chromium all do), wherever it was re-parented."""
     import psutil
+
     found = {p.pid: p for p in psutil.Process().children(recursive=True) if p.pid not in before}
     for p in psutil.process_iter(["cmdline"]):
         if p.pid != os.getpid() and str(scratch) in " ".join(p.info["cmdline"] or []):
@@ -95,6 +103,7 @@ def our_processes(before: set[int], scratch: Path) -> list:
 def stop(server: subprocess.Popen, lab: Lab | None):
     """JupyterLab shuts its kernels down (the shutdown API, then SIGTERM); whatever is left is killed."""
     import psutil
+
     try:
         family = psutil.Process(server.pid).children(recursive=True)  # the kernels and their children
     except psutil.Error:
@@ -135,6 +144,7 @@ def lab(tmp_path_factory):
     except ImportError:
         missing("playwright is not installed: `make setup` installs the dev extra")
     import psutil
+
     jupyter = Path(sys.prefix) / "bin" / "jupyter"
     assert jupyter.exists(), f"no {jupyter}: run the tests from the project's .venv (`make test`)"
 
@@ -142,8 +152,11 @@ def lab(tmp_path_factory):
     course = scratch / "course"
     for name in COURSE:
         if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, course / name,
-                            ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints", ".pytest_cache"))
+            shutil.copytree(
+                ROOT / name,
+                course / name,
+                ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints", ".pytest_cache"),
+            )
         else:
             shutil.copy2(ROOT / name, course / name)
     for plugin, values in SETTINGS.items():
@@ -154,13 +167,24 @@ def lab(tmp_path_factory):
 
     port, token = free_port(), secrets.token_hex(16)
     env = {k: v for k, v in os.environ.items() if k not in ("MINILLM_COURSE_ROOT", "PYTHONPATH", "MPLBACKEND")}
-    env.update(JUPYTER_CONFIG_DIR=str(scratch / "config"), JUPYTER_DATA_DIR=str(scratch / "data"),
-               JUPYTER_RUNTIME_DIR=str(scratch / "runtime"))  # kernels: .venv's (sys-prefix), as `make setup` installs
-    command = [str(jupyter), "lab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-               "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-               f"--ServerApp.root_dir={course / 'notebooks'}",  # `make lab`: jupyter lab notebooks/
-               f"--LabApp.user_settings_dir={scratch / 'settings'}", f"--LabApp.workspaces_dir={scratch / 'workspaces'}",
-               "--LabApp.expose_app_in_browser=True"]  # window.jupyterapp: the notebook's model, for its error outputs
+    env.update(
+        JUPYTER_CONFIG_DIR=str(scratch / "config"),
+        JUPYTER_DATA_DIR=str(scratch / "data"),
+        JUPYTER_RUNTIME_DIR=str(scratch / "runtime"),
+    )  # kernels: .venv's (sys-prefix), as `make setup` installs
+    command = [
+        str(jupyter),
+        "lab",
+        "--no-browser",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={course / 'notebooks'}",  # `make lab`: jupyter lab notebooks/
+        f"--LabApp.user_settings_dir={scratch / 'settings'}",
+        f"--LabApp.workspaces_dir={scratch / 'workspaces'}",
+        "--LabApp.expose_app_in_browser=True",
+    ]  # window.jupyterapp: the notebook's model, for its error outputs
     if os.geteuid() == 0:
         command.append("--allow-root")  # CI runs as root; JupyterLab refuses to without this
     log_path = SHOTS / "jupyterlab.log"
@@ -168,8 +192,15 @@ def lab(tmp_path_factory):
     server, lab = None, None
     try:
         with open(log_path, "w") as log, sync_playwright() as playwright:
-            server = subprocess.Popen(command, cwd=course, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True)
+            server = subprocess.Popen(
+                command,
+                cwd=course,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             candidate, deadline = Lab(port, token, course), time.monotonic() + 90
             while lab is None:
                 if server.poll() is not None or time.monotonic() > deadline:
@@ -180,7 +211,8 @@ def lab(tmp_path_factory):
                 except OSError:
                     time.sleep(0.5)
             context = playwright.chromium.launch_persistent_context(
-                scratch / "chromium", executable_path=chromium, headless=True, viewport={"width": 1280, "height": 900})
+                scratch / "chromium", executable_path=chromium, headless=True, viewport={"width": 1280, "height": 900}
+            )
             try:
                 lab.new_page, lab.log = context.new_page, log_path
                 yield lab
@@ -233,8 +265,9 @@ def open_notebook(lab, name: str):
     page = lab.new_page()
     page.goto(lab.url(f"/lab/tree/{name}?reset"))  # reset: no other notebook reopened from the last page
     page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=60_000)
-    page.wait_for_function("() => window.jupyterapp?.shell.currentWidget?.sessionContext?.kernelDisplayStatus === 'idle'",
-                           timeout=60_000)
+    page.wait_for_function(
+        "() => window.jupyterapp?.shell.currentWidget?.sessionContext?.kernelDisplayStatus === 'idle'", timeout=60_000
+    )
     panel = page.locator(f'[id="{page.evaluate("() => window.jupyterapp.shell.currentWidget.id")}"]')
     return page, panel
 
@@ -285,20 +318,28 @@ def test_notebook_runs_in_jupyterlab(lab, name):
         sessions = [s for s in lab.api("/api/sessions") if s["path"].endswith(name)]
         assert [s["kernel"]["name"] for s in sessions] == [KERNEL] and state["kernel"] == KERNEL, (
             f"{name} runs on the kernel {state['kernel']!r} ({state['display']}), not the course's {KERNEL_DISPLAY!r}: "
-            "`make setup` installs it into .venv")
+            "`make setup` installs it into .venv"
+        )
         toolbar = panel.locator(".jp-NotebookPanel-toolbar .jp-KernelName").inner_text()
         assert toolbar.strip() == KERNEL_DISPLAY, f"the toolbar shows the kernel {toolbar!r}, not {KERNEL_DISPLAY!r}"
 
-        errors = [f"cell {c['index']} [{c['count']}]: {o['ename']}: {o['evalue']}, at: {failing_line(c, o)}"
-                  for c in state["cells"] for o in c["outputs"] if o["type"] == "error"]
+        errors = [
+            f"cell {c['index']} [{c['count']}]: {o['ename']}: {o['evalue']}, at: {failing_line(c, o)}"
+            for c in state["cells"]
+            for o in c["outputs"]
+            if o["type"] == "error"
+        ]
         assert not errors, f"{name}: error outputs after Run All Cells:\n" + "\n".join(errors)
-        not_run = [f"cell {c['index']}: {c['source'][:80]!r}" for c in state["cells"] if c["source"].strip() and not c["count"]]
+        not_run = [
+            f"cell {c['index']}: {c['source'][:80]!r}" for c in state["cells"] if c["source"].strip() and not c["count"]
+        ]
         assert not not_run, f"{name}: cells Run All Cells did not run:\n" + "\n".join(not_run)
 
         images = panel.locator(".jp-OutputArea-output img")
         drawn = images.evaluate_all("images => images.filter(i => i.complete && i.naturalWidth > 0).length")
         assert images.count() > 0 and drawn == images.count(), (
-            f"{name}: {images.count()} figures as <img> in the outputs, {drawn} of them drawn")
+            f"{name}: {images.count()} figures as <img> in the outputs, {drawn} of them drawn"
+        )
 
         widgets = panel.locator(".jp-OutputArea-output .jupyter-widgets:not(.jp-OutputArea-output)")
         broken = panel.locator(".jp-OutputArea-output", has_text=re.compile(r"Error displaying widget|Loading widget"))
@@ -332,7 +373,9 @@ def move_the_temperature_slider(page, panel, name: str):
         time.sleep(0.5)
     if figure.get_attribute("src") == before:
         cell.screenshot(path=SHOTS / f"{Path(name).stem}-slider-after.png")
-        pytest.fail(f"{name}: the temperature slider moved from {readout} to "
-                    f"{slider.locator('.widget-readout').inner_text()} but its figure was not redrawn within 60 s")
+        pytest.fail(
+            f"{name}: the temperature slider moved from {readout} to "
+            f"{slider.locator('.widget-readout').inner_text()} but its figure was not redrawn within 60 s"
+        )
     cell.screenshot(path=SHOTS / f"{Path(name).stem}-slider-after.png")
     assert slider.locator(".widget-readout").inner_text() != readout, "the slider's readout did not change"

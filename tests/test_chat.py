@@ -1,5 +1,6 @@
 """LLM.chat and the terminal chat (python -m minillm.chat) on a tiny random checkpoint given a chat template; the
 real model's answers are in test_real_model.py."""
+
 import io
 import json
 import shutil
@@ -13,8 +14,10 @@ from minillm import LLM, SamplingParams
 from minillm.entrypoints import chat as chat_cli
 from minillm.models.hub import PackagedGGUF
 
-TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<assistant>{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 GREEDY = SamplingParams(temperature=0, max_tokens=6)
 HI = [{"role": "user", "content": "Hi"}]
 
@@ -98,12 +101,12 @@ def test_chat_stops_at_the_models_eos(ckpt, llm, tmp_path):
     eos = free.token_ids[3]  # the checkpoint's generation_config makes the 4th greedy token its EOS
     shutil.copytree(ckpt, tmp_path, dirs_exist_ok=True)
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
-    out = LLM(tmp_path, num_kvcache_blocks=64).chat(HI, SamplingParams(temperature=0, max_tokens=20),
-                                                    use_tqdm=False)[0]
-    assert out.token_ids == free.token_ids[:free.token_ids.index(eos) + 1] and out.finish_reason == "stop"
+    out = LLM(tmp_path, num_kvcache_blocks=64).chat(HI, SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)[0]
+    assert out.token_ids == free.token_ids[: free.token_ids.index(eos) + 1] and out.finish_reason == "stop"
 
 
 # --- the terminal chat -------------------------------------------------------------------------------------------
+
 
 class Terminal(io.StringIO):
     """Captures what the chat prints; counts the pieces written, to see an answer arrive in several."""
@@ -130,6 +133,7 @@ def scripted(*lines):
         if isinstance(line, BaseException):
             raise line
         return line
+
     return read
 
 
@@ -166,8 +170,11 @@ def test_the_oldest_turns_are_dropped_to_fit_the_context(session):
 def test_main_streams_answers_keeps_history_and_quits_cleanly(llm, monkeypatch):
     monkeypatch.setattr(chat_cli, "LLM", lambda model: llm)
     term = Terminal()
-    rc = chat_cli.main(["--model", "tiny", "--temperature", "0", "--max-tokens", "6"],
-                       input=scripted("Hi", "", "/reset", "Hello", "/exit"), out=term)
+    rc = chat_cli.main(
+        ["--model", "tiny", "--temperature", "0", "--max-tokens", "6"],
+        input=scripted("Hi", "", "/reset", "Hello", "/exit"),
+        out=term,
+    )
     assert rc == 0
     text = term.getvalue()
     assert text.startswith("minillm chat with tiny: /reset forgets the conversation, /exit or Ctrl-D quits.")
@@ -186,8 +193,9 @@ def test_ctrl_d_and_ctrl_c_at_the_prompt_quit_with_status_0(llm, monkeypatch, en
 def test_ctrl_c_during_an_answer_stops_it_and_the_chat_goes_on(llm, monkeypatch):
     monkeypatch.setattr(chat_cli, "LLM", lambda model: llm)
     term = Terminal(interrupt_after=3)  # the banner, then two pieces of the first answer
-    rc = chat_cli.main(["--model", "tiny", "--temperature", "0", "--max-tokens", "6"],
-                       input=scripted("Hi", "Hello", "/exit"), out=term)
+    rc = chat_cli.main(
+        ["--model", "tiny", "--temperature", "0", "--max-tokens", "6"], input=scripted("Hi", "Hello", "/exit"), out=term
+    )
     assert rc == 0 and "(answer stopped)" in term.getvalue()
     assert term.getvalue().count("(stopped at --max-tokens 6)") == 1  # the second answer ran to its end
     assert llm.is_finished() and llm.block_manager.num_free_blocks == 64  # the stopped answer freed its blocks
@@ -206,14 +214,24 @@ def test_without_the_real_model_it_falls_back_to_the_story_model_and_says_so(mon
 
 
 def test_python_m_minillm_chat_runs(ckpt):
-    run = subprocess.run([sys.executable, "-m", "minillm.chat", "--model", str(ckpt), "--max-tokens", "4"],
-                         input="Hi\n/exit\n", capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "minillm.chat", "--model", str(ckpt), "--max-tokens", "4"],
+        input="Hi\n/exit\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith(f"minillm chat with {ckpt}: /reset forgets the conversation")
 
 
-@pytest.mark.parametrize("args, message", [(["--max-tokens", "0"], "max_tokens must be an integer >= 1, got 0"),
-                                           (["--temperature", "-1"], "temperature must be a finite number >= 0")])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--max-tokens", "0"], "max_tokens must be an integer >= 1, got 0"),
+        (["--temperature", "-1"], "temperature must be a finite number >= 0"),
+    ],
+)
 def test_bad_options_are_named_before_the_model_loads(monkeypatch, capsys, args, message):
     monkeypatch.setattr(chat_cli, "LLM", lambda model: pytest.fail("the model was loaded"))
     assert chat_cli.main(["--model", "tiny", *args], input=scripted(), out=Terminal()) == 2

@@ -1,5 +1,6 @@
 """The course harness: generated exercise files in sync and leak-free, stubs that fail as they should,
 solutions that pass, grading, the plug-in that runs a student's code inside minillm, and `show`."""
+
 import ast
 import importlib.util
 import inspect
@@ -12,7 +13,8 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
-from minillm.course import CHAPTERS, ROOT, build as builder, exercise_file, markers, show, use_impl
+from minillm.course import CHAPTERS, ROOT, exercise_file, markers, show, use_impl
+from minillm.course import build as builder
 from minillm.course.build import build, check, edited, render
 from minillm.course.grade import Result, scoreboard
 from minillm.course.markers import MarkerError, find_exercises, scan_file
@@ -27,8 +29,11 @@ def asserted_attributes() -> dict[str, set[str]]:
     found: dict[str, set[str]] = {e.id: set() for e in EXERCISES}
     for path in (ROOT / "tests" / "exercises").glob("test_*.py"):
         for fn in ast.walk(ast.parse(path.read_text())):
-            ids = [d.args[0].value for d in getattr(fn, "decorator_list", []) if isinstance(d, ast.Call)
-                   and getattr(d.func, "attr", "") == "exercise"]
+            ids = [
+                d.args[0].value
+                for d in getattr(fn, "decorator_list", [])
+                if isinstance(d, ast.Call) and getattr(d.func, "attr", "") == "exercise"
+            ]
             for node in (n for n in ast.walk(fn) if ids and isinstance(n, ast.Assert)):
                 for a in (a for a in ast.walk(node.test) if isinstance(a, ast.Attribute) and a.attr not in generic):
                     for id in ids:
@@ -63,7 +68,7 @@ def test_generated_files_are_up_to_date():
 
 @pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: e.id)
 def test_stub_contains_no_line_of_the_reference_body(exercise):
-    body = exercise.path.read_text().splitlines()[exercise.begin:exercise.end - 1]
+    body = exercise.path.read_text().splitlines()[exercise.begin : exercise.end - 1]
     stub = {line.strip() for line in exercise_file("exercises", exercise.chapter).read_text().splitlines()}
     leaked = [line.strip() for line in body if re.search(r"\w", line) and line.strip() in stub]
     assert not leaked, f"exercises/ shows lines of exercise {exercise.id}'s solution: {leaked}"
@@ -73,20 +78,42 @@ def test_stub_contains_no_line_of_the_reference_body(exercise):
 def stub_run(tmp_path_factory) -> list[tuple[str, str | None, str, str]]:
     """tests/exercises run on the untouched stubs in a fresh interpreter: (test, exercise, outcome, message)."""
     report = tmp_path_factory.mktemp("stubs") / "report.xml"
-    subprocess.run([sys.executable, "-m", "pytest", str(ROOT / "tests" / "exercises"), "--impl=exercises", "-q",
-                    "-p", "no:cacheprovider", f"--junitxml={report}"], cwd=ROOT, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(ROOT / "tests" / "exercises"),
+            "--impl=exercises",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={report}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+    )
     rows = []
     for case in ET.parse(report).iter("testcase"):
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
         problem = next((child for child in case if child.tag in ("failure", "error", "skipped")), None)
-        rows.append((case.get("name"), props.get("exercise"), "passed" if problem is None else problem.tag,
-                     "" if problem is None else problem.get("message", "")))
+        rows.append(
+            (
+                case.get("name"),
+                props.get("exercise"),
+                "passed" if problem is None else problem.tag,
+                "" if problem is None else problem.get("message", ""),
+            )
+        )
     return rows
 
 
 def test_every_exercise_test_fails_on_the_untouched_stubs(stub_run):
-    wrong = [(test, outcome, message[:200]) for test, exercise, outcome, message in stub_run
-             if outcome != "failure" or not message.startswith(f"NotImplementedError: Exercise {exercise} (")]
+    wrong = [
+        (test, outcome, message[:200])
+        for test, exercise, outcome, message in stub_run
+        if outcome != "failure" or not message.startswith(f"NotImplementedError: Exercise {exercise} (")
+    ]
     assert stub_run and not wrong, "each test must fail with its own exercise's NotImplementedError, not pass or crash"
 
 
@@ -96,26 +123,40 @@ def test_every_exercise_has_a_test(stub_run):
 
 
 def test_grade_all_passes_on_the_solutions():
-    done = subprocess.run([sys.executable, "-m", "minillm.course", "grade", "all", "--impl", "solutions"],
-                          cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "minillm.course", "grade", "all", "--impl", "solutions"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "FAIL" not in done.stdout and re.search(r"PASS  \d\d\.\d+", done.stdout)
 
 
 def test_grade_one_exercise_runs_only_its_tests():
-    done = subprocess.run([sys.executable, "-m", "minillm.course", "grade", "05.4", "--impl", "solutions"],
-                          cwd=ROOT / "notebooks", capture_output=True, text=True)  # from inside the course
+    done = subprocess.run(
+        [sys.executable, "-m", "minillm.course", "grade", "05.4", "--impl", "solutions"],
+        cwd=ROOT / "notebooks",
+        capture_output=True,
+        text=True,
+    )  # from inside the course
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.findall(r"(PASS|FAIL|--) +(\d\d\.\d+)", done.stdout) == [("PASS", "05.4")], done.stdout
-    row, total = re.search(r"05\.4  BlockManager\.allocate: (\d+)/\1 tests pass", done.stdout), \
-        re.search(r"1 of 1 exercises done \((\d+) of \1 tests pass\)", done.stdout)
+    row, total = (
+        re.search(r"05\.4  BlockManager\.allocate: (\d+)/\1 tests pass", done.stdout),
+        re.search(r"1 of 1 exercises done \((\d+) of \1 tests pass\)", done.stdout),
+    )
     assert row and total and row[1] == total[1], "every test that ran must be one of 05.4's"
 
 
 def test_scoreboard_names_the_first_failure():
-    results = [Result("test_a", "03.1", "passed"), Result("test_b[x]", "03.1", "failed", "AssertionError: off"),
-               Result("test_c", "03.2", "passed"), Result("test_d", "03.3", "skipped"),
-               Result("test_e", "03.3", "passed")]
+    results = [
+        Result("test_a", "03.1", "passed"),
+        Result("test_b[x]", "03.1", "failed", "AssertionError: off"),
+        Result("test_c", "03.2", "passed"),
+        Result("test_d", "03.3", "skipped"),
+        Result("test_e", "03.3", "passed"),
+    ]
     board = scoreboard(["03"], results)
     assert "FAIL  03.1  rms_norm: 1/2 tests pass\n        test_b[x]: AssertionError: off\n" in board
     assert "PASS  03.2  apply_rotary: 1/1 tests pass" in board and "PASS  03.3" in board
@@ -140,12 +181,15 @@ def test_build_writes_both_files_and_never_overwrites_a_students_edits(tmp_path)
     assert not stale.exists() and not edited(student) and check(tmp_path) == []
 
 
-@pytest.mark.parametrize("source, error", [
-    ("def f():\n    # BEGIN EXERCISE 03.9: x\n    pass\n", "m.py:2: BEGIN EXERCISE 03.9 has no END"),
-    ("def f():\n    pass\n    # END EXERCISE\n", "m.py:3: END EXERCISE without a BEGIN"),
-    ("# BEGIN EXERCISE 03.9: x\nX = 1\n# END EXERCISE\n", "m.py:3: exercise 03.9 is not inside a function"),
-    ("def f():\n    # BEGIN EXERCISE 3.9 x\n    pass\n", "m.py:2: malformed marker"),
-])
+@pytest.mark.parametrize(
+    "source, error",
+    [
+        ("def f():\n    # BEGIN EXERCISE 03.9: x\n    pass\n", "m.py:2: BEGIN EXERCISE 03.9 has no END"),
+        ("def f():\n    pass\n    # END EXERCISE\n", "m.py:3: END EXERCISE without a BEGIN"),
+        ("# BEGIN EXERCISE 03.9: x\nX = 1\n# END EXERCISE\n", "m.py:3: exercise 03.9 is not inside a function"),
+        ("def f():\n    # BEGIN EXERCISE 3.9 x\n    pass\n", "m.py:2: malformed marker"),
+    ],
+)
 def test_a_bad_marker_is_reported_with_its_file_and_line(tmp_path, source, error):
     (tmp_path / "m.py").write_text(source)
     with pytest.raises(MarkerError, match=re.escape(error)):
@@ -228,8 +272,12 @@ def test_methods_are_served_in_a_subclass_that_use_impl_plugs_in(tmp_path, monke
 def test_show_hides_exercise_bodies_unless_asked_for_the_solution():
     from minillm.layers.rms_norm import rms_norm
 
-    body = [line.strip() for e in EXERCISES if e.id == "03.1"
-            for line in e.path.read_text().splitlines()[e.begin:e.end - 1]]
+    body = [
+        line.strip()
+        for e in EXERCISES
+        if e.id == "03.1"
+        for line in e.path.read_text().splitlines()[e.begin : e.end - 1]
+    ]
     hidden, revealed = repr(show(rms_norm)), repr(show(rms_norm, solution=True))
     assert hidden.startswith("# minillm/layers/rms_norm.py, lines ") and "def rms_norm(" in hidden
     assert "raise NotImplementedError(" in hidden and not any(line in hidden for line in body)
@@ -253,5 +301,7 @@ def test_show_cpp_gives_a_kernel_function_with_its_comment_and_template_lines():
     assert lines[1].startswith("// y[b] = x[b] @ panels") and lines[4] == "template <int B>" and lines[-1] == "}"
     assert sum(line.startswith("void ") for line in lines) == 1  # this one function, not the next
     assert "<span" in source._repr_html_()
-    with pytest.raises(ValueError, match="no function 'no_such_function' is defined in minillm/kernels/csrc/linear_cpu"):
+    with pytest.raises(
+        ValueError, match="no function 'no_such_function' is defined in minillm/kernels/csrc/linear_cpu"
+    ):
         show_cpp("linear_cpu.cpp", "no_such_function")

@@ -1,4 +1,5 @@
 """Hints: three per exercise, printed level by level by `python -m minillm.course hint NN.k`, never the solution."""
+
 import ast
 import re
 import textwrap
@@ -23,14 +24,19 @@ def leaks(body: list[str], text: str) -> list[str]:
     lines = [line.strip().partition("  #")[0] for line in body if not line.strip().startswith("#")]
     tree = ast.parse("def _():\n" + textwrap.indent(textwrap.dedent("\n".join(body)), "    "))
     trivial = (ast.FunctionDef, ast.Break, ast.Continue, ast.Pass)
-    statements = [ast.unparse(s) for s in ast.walk(tree) if isinstance(s, ast.stmt) and not isinstance(s, trivial)
-                  and not (isinstance(s, ast.Return) and isinstance(s.value, (ast.Constant, ast.Name, type(None))))]
+    statements = [
+        ast.unparse(s)
+        for s in ast.walk(tree)
+        if isinstance(s, ast.stmt)
+        and not isinstance(s, trivial)
+        and not (isinstance(s, ast.Return) and isinstance(s.value, (ast.Constant, ast.Name, type(None))))
+    ]
     found = [line for line in lines if len(normal(line)) >= 12 and normal(line) in normal(text)]
     return found + [s for s in statements if normal(s) in normal(text)]
 
 
 def reference_body(exercise) -> list[str]:
-    return exercise.path.read_text().splitlines()[exercise.begin:exercise.end - 1]
+    return exercise.path.read_text().splitlines()[exercise.begin : exercise.end - 1]
 
 
 def test_every_exercise_has_a_hint_at_every_level():
@@ -48,8 +54,13 @@ def test_no_hint_shows_a_line_or_a_statement_of_the_solution(exercise):
 
 
 def test_the_leak_check_finds_a_copied_line_and_a_reformatted_statement():
-    body = ["    dtype = x.dtype", "    x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)  # scale",
-            "    if hit:", "        break", "    return x"]
+    body = [
+        "    dtype = x.dtype",
+        "    x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)  # scale",
+        "    if hit:",
+        "        break",
+        "    return x",
+    ]
     assert leaks(body, "Write x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) and go on.")
     assert leaks(body, "first: dtype=x.dtype")  # a short statement, reformatted
     assert not leaks(body, "Use torch.rsqrt of the mean square; break out of the loop when done, then return x.")
@@ -68,12 +79,17 @@ def test_hint_prints_the_levels_asked_for_and_how_to_get_the_next(capsys):
     assert "That was the last hint" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("args, error", [
-    (["hint", "05.9"], "There is no exercise 05.9; the exercises are 00.1, 00.2, "),
-    (["hint", "05.4", "--level", "4"], "There are hint levels 1, 2 and 3 (approach, key operation, shapes and "
-                                       "pitfalls); 4 is not one of them."),
-    (["hint", "05.4", "--level", "0"], "0 is not one of them"),
-])
+@pytest.mark.parametrize(
+    "args, error",
+    [
+        (["hint", "05.9"], "There is no exercise 05.9; the exercises are 00.1, 00.2, "),
+        (
+            ["hint", "05.4", "--level", "4"],
+            "There are hint levels 1, 2 and 3 (approach, key operation, shapes and pitfalls); 4 is not one of them.",
+        ),
+        (["hint", "05.4", "--level", "0"], "0 is not one of them"),
+    ],
+)
 def test_hint_errors_name_the_valid_choices(capsys, args, error):
     assert main(args) == 2
     assert error in capsys.readouterr().err

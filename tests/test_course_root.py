@@ -1,5 +1,6 @@
 """Finding the course folders from the working directory, --root or MINILLM_COURSE_ROOT, so that minillm works
 installed as a regular package too; and a clear error outside the course."""
+
 import os
 import re
 import shutil
@@ -47,8 +48,11 @@ def test_root_option_and_environment_variable_name_the_course(nowhere, tmp_path,
     monkeypatch.setenv(ENV, str(make_course(tmp_path / "course")))
     assert course_root() == tmp_path / "course"
     monkeypatch.setenv(ENV, str(REPO / "notebooks"))
-    with pytest.raises(CourseNotFound, match=r"names .*notebooks, which is not the minillm course: it has no "
-                                             r"exercises/, tests/exercises/ and notebooks/\."):
+    with pytest.raises(
+        CourseNotFound,
+        match=r"names .*notebooks, which is not the minillm course: it has no "
+        r"exercises/, tests/exercises/ and notebooks/\.",
+    ):
         course_root()
     monkeypatch.setenv(ENV, "")
     assert main(["build", "--check", "--root", str(REPO)]) == 0, capsys.readouterr().out
@@ -58,8 +62,9 @@ def test_outside_the_course_the_error_says_what_was_looked_for_and_where(nowhere
     with pytest.raises(CourseNotFound) as error:
         course_root()
     message = str(error.value)
-    assert message.startswith("Not inside the minillm course: looked for a folder with exercises/, "
-                              "tests/exercises/ and notebooks/ in ")
+    assert message.startswith(
+        "Not inside the minillm course: looked for a folder with exercises/, tests/exercises/ and notebooks/ in "
+    )
     assert str(nowhere) in message and str(root.PACKAGE.parent) in message
     assert "--root DIR" in message and f"{ENV}=DIR" in message
     assert main(["grade", "01"]) == 2
@@ -82,20 +87,50 @@ def test_a_regular_install_grades_from_the_course(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     borrowed = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
     Path(site, "borrowed.pth").write_text("".join(f"{p}\n" for p in borrowed))
-    subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-                    "--ignore-installed", str(source)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--ignore-installed",
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+    )
     safe = {k: v for k, v in os.environ.items() if k not in (ENV, "PYTHONPATH")}
     safe["PYTHONSAFEPATH"] = "1"  # so that the checkout's minillm/ is not on sys.path: the installed one runs
-    where = subprocess.run([python, "-c", "import minillm; print(minillm.__file__)"], cwd=REPO, env=safe,
-                           capture_output=True, text=True, check=True).stdout
+    where = subprocess.run(
+        [python, "-c", "import minillm; print(minillm.__file__)"],
+        cwd=REPO,
+        env=safe,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert where.startswith(site), f"the installed minillm should run, not {where}"
-    done = subprocess.run([python, "-m", "minillm.course", "grade", "01", "--impl", "solutions"], cwd=REPO,
-                          env=safe, capture_output=True, text=True)
+    done = subprocess.run(
+        [python, "-m", "minillm.course", "grade", "01", "--impl", "solutions"],
+        cwd=REPO,
+        env=safe,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0 and re.search(r"\n(\d+) of \1 exercises done", done.stdout), done.stdout + done.stderr
-    lost = subprocess.run([python, "-m", "minillm.course", "grade", "01"], cwd=tmp_path, env=safe,
-                          capture_output=True, text=True)
+    lost = subprocess.run(
+        [python, "-m", "minillm.course", "grade", "01"], cwd=tmp_path, env=safe, capture_output=True, text=True
+    )
     assert lost.returncode == 2 and lost.stderr.startswith("Not inside the minillm course"), lost.stderr

@@ -1,4 +1,5 @@
 """The notebook helpers every chapter uses: interact, Hints, engine_map."""
+
 import html
 
 import ipywidgets as widgets

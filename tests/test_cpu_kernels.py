@@ -1,14 +1,24 @@
 """The CPU kernels (minillm.layers.cpu_kernels): paged decode attention against the torch reference on random
 scattered caches, the KV store against the torch stores, the few-row matmul against F.linear; the engine on them
 against the naive loop; the torch path when they cannot be built."""
+
 import pytest
 import torch
 
 from minillm.layers import attention
-from minillm.layers.attention import CPUAttentionBackend, select_attention_backend
-from minillm.layers.cpu_kernels import (cpu_kernels, embed_packed, empty_packed, linear_cpu, linear_packed,
-                                        pack_weight, pack_weights, panel_width, paged_decode_attention_cpu,
-                                        store_kvcache_cpu)
+from minillm.layers.attention import CPUAttentionBackend
+from minillm.layers.cpu_kernels import (
+    cpu_kernels,
+    embed_packed,
+    empty_packed,
+    linear_cpu,
+    linear_packed,
+    pack_weight,
+    pack_weights,
+    paged_decode_attention_cpu,
+    panel_width,
+    store_kvcache_cpu,
+)
 from minillm.layers.linear import LinearBase
 from minillm.layers.paged_attention import paged_decode_attention, store_decode_kvcache, store_kvcache
 from minillm.utils.context import Context
@@ -25,11 +35,11 @@ def random_batch(lens, block_size, heads, kv_heads, head_dim, seed=0):
     num_blocks = sum(widths) + 3
     perm, tables, used = torch.randperm(num_blocks, generator=g), torch.full((len(lens), max(widths) + 2), -1), 0
     for i, w in enumerate(widths):
-        tables[i, :w] = perm[used:used + w]
+        tables[i, :w] = perm[used : used + w]
         used += w
     k_cache, v_cache = (torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g) for _ in range(2))
     q = torch.randn(len(lens), heads + 3, head_dim, generator=g)[:, :heads]
-    return q, k_cache, v_cache, tables[:, :max(widths)], torch.tensor(lens)
+    return q, k_cache, v_cache, tables[:, : max(widths)], torch.tensor(lens)
 
 
 def counting(calls: list, kernel):
@@ -37,8 +47,12 @@ def counting(calls: list, kernel):
     return lambda *args, **kwargs: calls.append(1) or kernel(*args, **kwargs)
 
 
-LENS = {8: [1, 8, 9, 1030, 23], 16: [1, 16, 17, 1100, 40], 32: [1, 32, 33, 1031, 70],  # 1, a block, past it, long
-        256: [1, 256, 257, 1100, 130]}  # blocks longer than the kernel's softmax chunk (128 tokens)
+LENS = {
+    8: [1, 8, 9, 1030, 23],
+    16: [1, 16, 17, 1100, 40],
+    32: [1, 32, 33, 1031, 70],  # 1, a block, past it, long
+    256: [1, 256, 257, 1100, 130],
+}  # blocks longer than the kernel's softmax chunk (128 tokens)
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 4), (8, 2), (6, 2)], ids=["mha", "gqa2", "gqa4", "gqa3"])
@@ -46,7 +60,7 @@ LENS = {8: [1, 8, 9, 1030, 23], 16: [1, 16, 17, 1100, 40], 32: [1, 32, 33, 1031,
 @pytest.mark.parametrize("block_size", [8, 16, 32, 256])
 def test_kernel_equals_torch_reference(heads, kv_heads, head_dim, block_size):
     q, k_cache, v_cache, tables, lens = random_batch(LENS[block_size], block_size, heads, kv_heads, head_dim)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     expected = paged_decode_attention(q, k_cache, v_cache, tables, lens, scale)
     out = paged_decode_attention_cpu(q, k_cache, v_cache, tables, lens, scale)
     assert out.shape == expected.shape and out.dtype == torch.float32
@@ -75,8 +89,10 @@ def test_large_scores_do_not_overflow():
 def test_an_opaque_op_under_torch_compile():
     q, k_cache, v_cache, tables, lens = random_batch([3, 50], 16, 8, 2, 32)
     compiled = torch.compile(paged_decode_attention_cpu, fullgraph=True, backend="eager")
-    torch.testing.assert_close(compiled(q, k_cache, v_cache, tables, lens, 0.3),
-                               paged_decode_attention_cpu(q, k_cache, v_cache, tables, lens, 0.3))
+    torch.testing.assert_close(
+        compiled(q, k_cache, v_cache, tables, lens, 0.3),
+        paged_decode_attention_cpu(q, k_cache, v_cache, tables, lens, 0.3),
+    )
 
 
 @pytest.mark.parametrize("kv_heads,head_dim", [(4, 64), (1, 20)])
@@ -85,10 +101,10 @@ def test_store_kvcache_equals_the_torch_stores(kv_heads, head_dim, is_prefill):
     """A prefill's slot -1 (a cached key) writes nothing; a decode step's (a padded row) the spare last slot."""
     g = torch.Generator().manual_seed(0)
     qkv = torch.randn(9, 3 * kv_heads, head_dim, generator=g)  # k and v as the model has them: views of one qkv
-    k, v = qkv[:, kv_heads:2 * kv_heads], qkv[:, 2 * kv_heads:]
+    k, v = qkv[:, kv_heads : 2 * kv_heads], qkv[:, 2 * kv_heads :]
     k_cache, v_cache = (torch.randn(6, 4, kv_heads, head_dim, generator=g) for _ in range(2))
     slots = torch.tensor([0, 22, 5, -1, 6, 7, 12, 1, 9]) if is_prefill else torch.tensor([0, 22, 5, -1])
-    k, v = k[:len(slots)], v[:len(slots)]
+    k, v = k[: len(slots)], v[: len(slots)]
     expected_k, expected_v, last = k_cache.clone(), v_cache.clone(), k_cache[-1, -1].clone()
     (store_kvcache if is_prefill else store_decode_kvcache)(k, v, expected_k, expected_v, slots)
     store_kvcache_cpu(k, v, k_cache, v_cache, slots, is_prefill)
@@ -165,8 +181,11 @@ def test_default_model_on_the_kernel_equals_naive(monkeypatch):
     assert len(packed_matmuls) == len(matmuls)  # every matmul ran on its packed weight, none fell back to F.linear
 
 
-SHAPES = pytest.mark.parametrize("in_features,out_features", [(768, 2048), (21, 67), (256, 1), (8, 130)],
-                                 ids=["large", "odd-inputs", "one-output", "short"])
+SHAPES = pytest.mark.parametrize(
+    "in_features,out_features",
+    [(768, 2048), (21, 67), (256, 1), (8, 130)],
+    ids=["large", "odd-inputs", "one-output", "short"],
+)
 
 
 @pytest.mark.parametrize("rows", [0, 1, 2, 3, 6, 7, 13, 100, 301])
@@ -287,7 +306,7 @@ def test_rotary_kernel_equals_the_torch_module(tokens, head_dim):
     rope = RotaryEmbedding(head_dim, 512, 10000.0)
     g = torch.Generator().manual_seed(tokens)
     qkv = torch.randn(tokens, (9 + 3) * head_dim, generator=g)
-    q, k = qkv[:, :9 * head_dim].view(tokens, 9, head_dim), qkv[:, 9 * head_dim:].view(tokens, 3, head_dim)
+    q, k = qkv[:, : 9 * head_dim].view(tokens, 9, head_dim), qkv[:, 9 * head_dim :].view(tokens, 3, head_dim)
     positions = torch.randint(0, 512, (tokens,), generator=g)
     for got, expected in zip(rotary_cpu(positions, q, k, rope.cos_sin_cache), rope(positions, q, k)):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)

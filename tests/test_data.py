@@ -1,10 +1,19 @@
 """The story corpus (minillm.data): a seeded generator and an exact checker that agree with each other."""
+
 import random
 
 import pytest
 
-from minillm.data import (generate_corpus, generate_story, heldout_openings, is_valid_sentence, keeps_its_cast,
-                          make_cast, sentence_validity, split_sentences)
+from minillm.data import (
+    generate_corpus,
+    generate_story,
+    heldout_openings,
+    is_valid_sentence,
+    keeps_its_cast,
+    make_cast,
+    sentence_validity,
+    split_sentences,
+)
 from minillm.data.grammar import fill
 from minillm.data.templates import all_templates
 from minillm.data.tokenizer_training import train_tokenizer
@@ -43,7 +52,7 @@ def test_every_generated_sentence_is_valid(sentences):
 def test_stories_keep_their_cast(corpus):
     assert all(keeps_its_cast(story) for story in corpus)
     assert not keeps_its_cast("Mia went to the park. Kate came by. Ella smiled.")  # two heroes
-    assert not keeps_its_cast("Mia went to the park. Kate came by. Amy smiled.")   # two friends
+    assert not keeps_its_cast("Mia went to the park. Kate came by. Amy smiled.")  # two friends
 
 
 def test_every_template_fills_to_one_valid_sentence():
@@ -56,40 +65,51 @@ def test_every_template_fills_to_one_valid_sentence():
 
 
 def test_split_sentences_handles_dialogue():
-    text = ('"Can I help you?" asked Ben. Mia said nothing. "Thank you, Ben!" said Mia. '
-            'It was the best day ever. "I did it!" shouted Tom. The end. Then she')
+    text = (
+        '"Can I help you?" asked Ben. Mia said nothing. "Thank you, Ben!" said Mia. '
+        'It was the best day ever. "I did it!" shouted Tom. The end. Then she'
+    )
     assert split_sentences(text) == [
-        '"Can I help you?" asked Ben.', "Mia said nothing.", '"Thank you, Ben!" said Mia.',
-        "It was the best day ever.", '"I did it!" shouted Tom.', "The end.", "Then she"]
+        '"Can I help you?" asked Ben.',
+        "Mia said nothing.",
+        '"Thank you, Ben!" said Mia.',
+        "It was the best day ever.",
+        '"I did it!" shouted Tom.',
+        "The end.",
+        "Then she",
+    ]
     assert split_sentences("  ") == []
 
 
-@pytest.mark.parametrize("sentence, valid", [
-    ("Mia felt very sad.", True),
-    ("Mia felt very sad", False),                                  # no end mark
-    ("Mia felt very.", False),                                     # a word missing
-    ("Mia felt very zebra.", False),                               # a word from outside the vocabulary
-    ("Mia very felt sad.", False),                                 # two words swapped
-    ("Suddenly, Mia could not find her red ball.", True),
-    ("Suddenly, Mia could not find his red ball.", False),         # her/his must agree with the name
-    ("Suddenly, Tom could not find his red ball.", True),
-    ("She had an orange kite that could fly very high.", True),
-    ("He had a red ball that he loved very much.", True),
-    ("He had a red ball that she loved very much.", False),        # one hero, one gender
-    ("Then Tom, a shy girl, came to see Mia.", False),             # Tom is a hero's name, not a friend's
-    ("She had a orange kite that could fly very high.", False),    # a/an
-    ("Once upon a time, there was a shy girl named Tom.", False),  # a girl is not called Tom
-    ("Once upon a time, there was a shy fox named Tom.", True),
-    ("From that day on, Mia and Kate were best friends.", True),
-    ("From that day on, Mia and Mia were best friends.", False),   # heroes and friends have their own names
-    ("From that day on, Kate and Mia were best friends.", False),  # ... so a swap of roles shows
-    ('"What is wrong, Mia?" asked Kate.', True),
-    ('"What is wrong, Mia?" asked Mia.', False),
-    ("Then Tina, a little boy, came to see Mia.", False),          # Tina is a girl
-    ('"Thank you, Kate!" said Mia.', True),
-    ('"Thank you, Kate!" said Mia', False),
-    ("", False),
-])
+@pytest.mark.parametrize(
+    "sentence, valid",
+    [
+        ("Mia felt very sad.", True),
+        ("Mia felt very sad", False),  # no end mark
+        ("Mia felt very.", False),  # a word missing
+        ("Mia felt very zebra.", False),  # a word from outside the vocabulary
+        ("Mia very felt sad.", False),  # two words swapped
+        ("Suddenly, Mia could not find her red ball.", True),
+        ("Suddenly, Mia could not find his red ball.", False),  # her/his must agree with the name
+        ("Suddenly, Tom could not find his red ball.", True),
+        ("She had an orange kite that could fly very high.", True),
+        ("He had a red ball that he loved very much.", True),
+        ("He had a red ball that she loved very much.", False),  # one hero, one gender
+        ("Then Tom, a shy girl, came to see Mia.", False),  # Tom is a hero's name, not a friend's
+        ("She had a orange kite that could fly very high.", False),  # a/an
+        ("Once upon a time, there was a shy girl named Tom.", False),  # a girl is not called Tom
+        ("Once upon a time, there was a shy fox named Tom.", True),
+        ("From that day on, Mia and Kate were best friends.", True),
+        ("From that day on, Mia and Mia were best friends.", False),  # heroes and friends have their own names
+        ("From that day on, Kate and Mia were best friends.", False),  # ... so a swap of roles shows
+        ('"What is wrong, Mia?" asked Kate.', True),
+        ('"What is wrong, Mia?" asked Mia.', False),
+        ("Then Tina, a little boy, came to see Mia.", False),  # Tina is a girl
+        ('"Thank you, Kate!" said Mia.', True),
+        ('"Thank you, Kate!" said Mia', False),
+        ("", False),
+    ],
+)
 def test_checker_examples(sentence, valid):
     assert is_valid_sentence(sentence) == valid
 
@@ -97,9 +117,9 @@ def test_checker_examples(sentence, valid):
 def _corruptions(sentence: str, rng: random.Random) -> list[str]:
     words = sentence.split()
     i = rng.randrange(len(words) - 1)
-    swapped = words[:i] + [words[i + 1], words[i]] + words[i + 2:]
+    swapped = words[:i] + [words[i + 1], words[i]] + words[i + 2 :]
     j = rng.randrange(len(words))
-    foreign = words[:j] + ["zebra"] + words[j + 1:]
+    foreign = words[:j] + ["zebra"] + words[j + 1 :]
     k = rng.randrange(1, len(words))
     return [" ".join(swapped), " ".join(foreign), " ".join(words[:k])]
 

@@ -1,4 +1,5 @@
 """The embedded default model: loads offline with transformers, tells valid stories, and rebuilds reproducibly."""
+
 import importlib.util
 import json
 import os
@@ -28,16 +29,25 @@ def hf():
 
 def test_shipped_files_are_self_describing():
     names = {p.name for p in MODEL.iterdir()}
-    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-            "tokenizer_config.json", "README.md"} <= names
+    assert {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "README.md",
+    } <= names
     assert sum(p.stat().st_size for p in MODEL.iterdir()) < 40e6
     cfg = json.loads((MODEL / "config.json").read_text())
     gen = json.loads((MODEL / "generation_config.json").read_text())
     vocab = json.loads((MODEL / "tokenizer.json").read_text())["model"]["vocab"]
     added = {t["content"]: t["id"] for t in json.loads((MODEL / "tokenizer.json").read_text())["added_tokens"]}
     assert cfg["architectures"] == ["Qwen3ForCausalLM"]
-    assert (cfg["pad_token_id"], cfg["bos_token_id"], cfg["eos_token_id"]) == (0, 1, 2) == \
-        (added["<pad>"], added["<bos>"], added["<eos>"])
+    assert (
+        (cfg["pad_token_id"], cfg["bos_token_id"], cfg["eos_token_id"])
+        == (0, 1, 2)
+        == (added["<pad>"], added["<bos>"], added["<eos>"])
+    )
     assert gen["eos_token_id"] == 2
     assert cfg["vocab_size"] == len(vocab) and cfg["vocab_size"] % 2 == 0
     assert cfg["num_key_value_heads"] % 2 == 0 and cfg["num_attention_heads"] % 2 == 0
@@ -96,9 +106,20 @@ def _build_script():
 
 def test_training_is_reproducible():
     build = _build_script()
-    tiny = dict(n_stories=64, n_heldout=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                num_key_value_heads=2, head_dim=16, intermediate_size=64, batch_size=4, steps=10, warmup=2,
-                threads=torch.get_num_threads())
+    tiny = dict(
+        n_stories=64,
+        n_heldout=8,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=64,
+        batch_size=4,
+        steps=10,
+        warmup=2,
+        threads=torch.get_num_threads(),
+    )
     first = build.train(build.BuildConfig(**tiny), progress=False)["record"]
     again = build.train(build.BuildConfig(**tiny), progress=False)["record"]
     other = build.train(build.BuildConfig(**tiny, seed=1), progress=False)["record"]

@@ -1,4 +1,5 @@
 """The engine against the naive generator: every scheduling path gives token-identical greedy output."""
+
 import pytest
 import torch
 from checkpoints import CONFIGS, make_checkpoint
@@ -52,8 +53,9 @@ def counters(monkeypatch):
     def count_prefill(self):
         seqs = prefill(self)
         counts["chunks"] += sum(not s.samples_this_step for s in seqs)
-        counts["cached_tokens"] += sum(s.num_cached_tokens for s in seqs if s.num_computed_tokens == min(
-            s.num_cached_tokens, len(s) - 1))
+        counts["cached_tokens"] += sum(
+            s.num_cached_tokens for s in seqs if s.num_computed_tokens == min(s.num_cached_tokens, len(s) - 1)
+        )
         return seqs
 
     monkeypatch.setattr(Scheduler, "preempt", count_preempt)
@@ -62,7 +64,9 @@ def counters(monkeypatch):
 
 
 # every architecture with the default settings; every setting on one (scheduling ignores the architecture)
-CASES = [(name, "default") for name in sorted(CONFIGS)] + [("qwen3-gqa-tied", s) for s in sorted(SETTINGS) if s != "default"]
+CASES = [(name, "default") for name in sorted(CONFIGS)] + [
+    ("qwen3-gqa-tied", s) for s in sorted(SETTINGS) if s != "default"
+]
 
 
 @pytest.mark.parametrize("name,setting", CASES)
@@ -98,7 +102,7 @@ def test_static_batching_equals_naive(reference):
     params = [SamplingParams(temperature=0, max_tokens=n) for n in (24, 3, 24, 10, 24, 1, 24, 24, 7, 24)]
     before = llm.generate(prompts, GREEDY, use_tqdm=False)  # fills the prefix cache
     seqs = generate_static(llm, prompts, params, batch_size=4)
-    assert [s.completion_token_ids for s in seqs] == [e[:p.max_tokens] for e, p in zip(expected, params)]
+    assert [s.completion_token_ids for s in seqs] == [e[: p.max_tokens] for e, p in zip(expected, params)]
     assert all(s.arrival_time <= s.first_token_time <= s.finish_time for s in seqs)
     assert llm.block_manager.num_free_blocks == 64
     after = llm.generate(prompts, GREEDY, use_tqdm=False)  # the static run must not corrupt cached prefixes

@@ -1,6 +1,7 @@
 """Safe steps: a failed or interrupted step, a closed stream, a preemption or a borrowed model leaves the engine
 exactly as usable as a fresh one, with every block free; checkpoints without a tokenizer, and EOS ids from
 generation_config.json."""
+
 import json
 import shutil
 
@@ -55,7 +56,6 @@ def test_a_step_that_raises_leaves_no_trace(tiny_checkpoint, fresh_tokens, error
 def test_a_failed_step_is_rolled_back_for_requests_added_directly(tiny_checkpoint, fresh_tokens):
     llm = LLM(tiny_checkpoint, **ENGINE)
     seq = llm.add_request(PROMPT, GREEDY)
-    forward = llm.model_runner.model.forward
     llm.model_runner.model.forward = lambda *args: (_ for _ in ()).throw(RuntimeError("injected"))
     with pytest.raises(RuntimeError):
         llm.step()
@@ -120,7 +120,9 @@ def test_a_high_priority_request_is_never_the_victim_while_a_lower_one_runs():
 
 
 def test_a_waiting_request_of_higher_priority_preempts_a_running_lower_one():
-    s = Scheduler(Config(scheduling_policy="priority", max_num_seqs=1, new_token_ratio=0.0), BlockManager(8, 2), eos_token_ids=[0])
+    s = Scheduler(
+        Config(scheduling_policy="priority", max_num_seqs=1, new_token_ratio=0.0), BlockManager(8, 2), eos_token_ids=[0]
+    )
     low = Sequence([1, 2, 3], priority=0)
     s.add(low)
     run_step(s)
@@ -168,4 +170,4 @@ def test_eos_ids_of_generation_config_stop_a_request(tmp_path, fresh_tokens):
     eos = fresh_tokens[4]
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos]}))
     out = LLM(tmp_path, **ENGINE).generate([PROMPT], GREEDY, use_tqdm=False)[0]
-    assert out.finish_reason == "stop" and out.token_ids == fresh_tokens[:fresh_tokens.index(eos) + 1]
+    assert out.finish_reason == "stop" and out.token_ids == fresh_tokens[: fresh_tokens.index(eos) + 1]

@@ -1,5 +1,6 @@
 """The CUDA path: the same greedy tokens as the CPU in float32, with the KV cache sized from free device memory;
 bfloat16 by default; prefill over a long cached prefix without the scores in memory."""
+
 import pytest
 import torch
 
@@ -41,25 +42,34 @@ def test_dtype_auto_is_bfloat16_on_cuda(tiny_checkpoint):
 def test_prefill_of_a_4k_chunk_over_32k_keys_never_holds_the_scores(dtype):
     """32 heads sharing 8 KV heads: the scores would be 32 x 4096 x 32768 numbers (8.6 GB in bf16)."""
     from minillm.layers.paged_attention import prefill_attention
+
     q = torch.randn(4096, 32, 128, dtype=dtype, device="cuda")
     k, v = (torch.randn(32768, 8, 128, dtype=dtype, device="cuda") for _ in range(2))
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    out = prefill_attention(q, k, v, [0, 4096], [0, 32768], 128 ** -0.5)
+    out = prefill_attention(q, k, v, [0, 4096], [0, 32768], 128**-0.5)
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - before
     assert extra < 2**30, f"prefill over a prefix allocated {extra / 2**30:.1f} GiB"
     tail = torch.nn.functional.scaled_dot_product_attention(  # the last 64 queries against a dense reference
-        q[None, -64:].transpose(1, 2).float(), k[None].transpose(1, 2).float(), v[None].transpose(1, 2).float(),
-        attn_mask=torch.ones(64, 32768, dtype=torch.bool, device="cuda").tril(32768 - 64), enable_gqa=True,
+        q[None, -64:].transpose(1, 2).float(),
+        k[None].transpose(1, 2).float(),
+        v[None].transpose(1, 2).float(),
+        attn_mask=torch.ones(64, 32768, dtype=torch.bool, device="cuda").tril(32768 - 64),
+        enable_gqa=True,
     )[0].transpose(0, 1)
     torch.testing.assert_close(out[-64:].float(), tail, atol=2e-2 if dtype == torch.bfloat16 else 1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("options", [{"enforce_eager": True, "compile_layers": False},
-                                     {"enforce_eager": False, "compile_layers": False},
-                                     {"enforce_eager": False, "compile_layers": True}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"enforce_eager": True, "compile_layers": False},
+        {"enforce_eager": False, "compile_layers": False},
+        {"enforce_eager": False, "compile_layers": True},
+    ],
+)
 def test_cuda_graphs_and_compiled_layers_equal_naive_across_buckets(tiny_checkpoint, options):
     """Nine requests ending one after another: decode batches 9 to 1 (8 a bucket, 5-7 padded to 8, 3 to 4)
     replayed from CUDA graphs, with and without the layers compiled, give the naive loop's greedy tokens."""
@@ -71,5 +81,6 @@ def test_cuda_graphs_and_compiled_layers_equal_naive_across_buckets(tiny_checkpo
     assert mode.startswith("eager" if options["enforce_eager"] else "CUDA graphs in buckets [1, 2, 4, 8, 16]")
     outputs = llm.generate(prompts, params, use_tqdm=False)
     cpu = build_model(tiny_checkpoint)
-    assert [o.token_ids for o in outputs] == [list(generate_naive(cpu, p, sp.max_tokens)) for p, sp in
-                                              zip(prompts, params)]
+    assert [o.token_ids for o in outputs] == [
+        list(generate_naive(cpu, p, sp.max_tokens)) for p, sp in zip(prompts, params)
+    ]

@@ -2,6 +2,7 @@
 KV-cache budget's warm-up goes through a whole step at its largest (the prefill, the logits of max_num_seqs rows,
 a top-k/top-p sample) and the graph pool's estimate is a forward of the largest bucket's rows; the torch backend
 is refused in CUDA graphs past a safe width; dtype "auto" is float32 on a CPU and 16-bit on CUDA."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -40,8 +41,14 @@ def test_warmup_runs_a_whole_step_at_its_largest(monkeypatch):
 def cuda_runner(backend: str, **config):
     """What why_eager reads of a runner on CUDA, without a GPU."""
     model = SimpleNamespace(config=ModelConfig.from_pretrained(default_model_path()))
-    return SimpleNamespace(device=torch.device("cuda"), attn_backend=SimpleNamespace(name=backend), model=model,
-                           group=None, block_size=16, dtype=torch.bfloat16), Config(**config)
+    return SimpleNamespace(
+        device=torch.device("cuda"),
+        attn_backend=SimpleNamespace(name=backend),
+        model=model,
+        group=None,
+        block_size=16,
+        dtype=torch.bfloat16,
+    ), Config(**config)
 
 
 def test_torch_backend_graphs_are_refused_past_a_safe_width():
@@ -59,9 +66,17 @@ def test_torch_backend_graphs_are_refused_past_a_safe_width():
     assert ModelRunner.why_eager(runner, config) is None
 
 
-@pytest.mark.parametrize("device, checkpoint, expected", [("cpu", "bfloat16", "float32"), ("cpu", None, "float32"),
-                                                          ("cuda", "float32", "bfloat16"), ("cuda", None, "bfloat16"),
-                                                          ("cuda", "float16", "float16"), ("cuda:1", "bfloat16", "bfloat16")])
+@pytest.mark.parametrize(
+    "device, checkpoint, expected",
+    [
+        ("cpu", "bfloat16", "float32"),
+        ("cpu", None, "float32"),
+        ("cuda", "float32", "bfloat16"),
+        ("cuda", None, "bfloat16"),
+        ("cuda", "float16", "float16"),
+        ("cuda:1", "bfloat16", "bfloat16"),
+    ],
+)
 def test_dtype_auto_is_float32_on_a_cpu_and_16_bit_on_cuda(device, checkpoint, expected):
     assert resolve_dtype("auto", device, checkpoint) == expected
     assert resolve_dtype("float32", device, checkpoint) == "float32"

@@ -1,14 +1,15 @@
 """Decode steps per batch-size bucket (minillm.engine.graphs): bucket choice, padding that touches no cache
 slot, and greedy tokens identical to the naive loop across bucket boundaries, with the compiled steps on."""
+
 import gc
 import weakref
 
 import pytest
 import torch
 import torch.nn.functional as F
+from checkpoints import make_checkpoint
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-from checkpoints import make_checkpoint
 
 from minillm import LLM, SamplingParams, default_model_path
 from minillm.engine.graphs import PAD_SLOT_ID, decode_buckets, pick_bucket
@@ -32,8 +33,10 @@ def test_the_smallest_bucket_that_holds_the_batch(batch, bucket):
 def test_eager_by_default_on_cpu_and_the_engine_says_why():
     assert LLM(num_kvcache_blocks=16).model_runner.graph_mode.startswith("eager (the CPU default")
     assert LLM(num_kvcache_blocks=16).model_runner.graph_mode.endswith("layers eager")
-    assert (LLM(num_kvcache_blocks=16, enforce_eager=True, compile_layers=True).model_runner.graph_mode
-            == "eager (enforce_eager=True); layers compiled")
+    assert (
+        LLM(num_kvcache_blocks=16, enforce_eager=True, compile_layers=True).model_runner.graph_mode
+        == "eager (enforce_eager=True); layers compiled"
+    )
 
 
 @pytest.mark.parametrize("backend", ["torch", "cpu"])
@@ -74,11 +77,13 @@ def test_a_compiled_step_replays_without_dynamo():
 def test_a_deleted_compiled_engine_is_freed():
     """Dynamo keeps every compiled version (and its backend) for the life of the process; the engine's KV cache
     and weights must not live on with it."""
+
     def run():
         llm = LLM(enforce_eager=False)
         llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
         assert llm.model_runner.graphs.steps
         return weakref.ref(llm.model_runner.kv_cache)
+
     kv_cache = run()
     gc.collect()
     assert kv_cache() is None
@@ -113,8 +118,9 @@ def test_compiled_decode_equals_naive_across_bucket_boundaries(model, oracle_pat
     llm = LLM(path, max_num_seqs=9, enforce_eager=False)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     base = build_model(path)
-    assert [o.token_ids for o in outputs] == [list(generate_naive(base, p, sp.max_tokens)) for p, sp in
-                                              zip(prompts, params)]
+    assert [o.token_ids for o in outputs] == [
+        list(generate_naive(base, p, sp.max_tokens)) for p, sp in zip(prompts, params)
+    ]
     assert sorted(llm.model_runner.graphs.build_seconds) == [1, 2, 4, 8]
     assert llm.block_manager.num_free_blocks == len(llm.block_manager.blocks)
 
@@ -131,8 +137,9 @@ def test_compiled_layers_equal_naive(model, oracle_path):
     llm = LLM(path, compile_layers=True)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     base = build_model(path)
-    assert [o.token_ids for o in outputs] == [list(generate_naive(base, p, sp.max_tokens)) for p, sp in
-                                              zip(prompts, params)]
+    assert [o.token_ids for o in outputs] == [
+        list(generate_naive(base, p, sp.max_tokens)) for p, sp in zip(prompts, params)
+    ]
     # each function was compiled for one token or row (sizes 0 and 1 are always specialised) and for "any
     # other number": steps of new sizes compile nothing more
     compiled = torch._dynamo.utils.counters["stats"]["unique_graphs"]
@@ -161,14 +168,17 @@ def test_the_decode_store_and_attention_depend_on_no_value_read_back():
 
     def step(q, k, v, k_cache, v_cache, slots, tables, lens):
         store_decode_kvcache(k, v, k_cache, v_cache, slots)
-        return paged_decode_attention(q, k_cache, v_cache, tables, lens, 8 ** -0.5)
+        return paged_decode_attention(q, k_cache, v_cache, tables, lens, 8**-0.5)
 
     assert data_dependent_sizes(step, q, k, v, k_cache, v_cache, slots, tables, lens) == set()
     assert data_dependent_sizes(store_kvcache, k, v, k_cache, v_cache, slots)  # the mask's row count
     out = step(q, k, v, k_cache, v_cache, slots, tables, lens)
     assert torch.equal(k_cache.view(-1, 2, 8)[[5, 13, -1]], k)  # the padded row wrote the spare last slot
     seq0 = torch.cat([k_cache[0], k_cache[1]])[:6]
-    expected = F.scaled_dot_product_attention(q[0, :, None], seq0.transpose(0, 1).repeat_interleave(2, 0),
-                                              torch.cat([v_cache[0], v_cache[1]])[:6].transpose(0, 1)
-                                              .repeat_interleave(2, 0), scale=8 ** -0.5)[:, 0]
+    expected = F.scaled_dot_product_attention(
+        q[0, :, None],
+        seq0.transpose(0, 1).repeat_interleave(2, 0),
+        torch.cat([v_cache[0], v_cache[1]])[:6].transpose(0, 1).repeat_interleave(2, 0),
+        scale=8**-0.5,
+    )[:, 0]
     torch.testing.assert_close(out[0], expected)

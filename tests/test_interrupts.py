@@ -2,8 +2,10 @@
 (scheduling, the forward, sampling, detokenizing, postprocessing), on the first, second or fourth call there,
 leaves the LLM usable: every block free, nothing waiting or running, and the same requests afterwards give the
 fresh engine's tokens (so nothing the failed call left in the prefix cache is handed out). Also with compiled
-decode steps, and with tensor parallelism (TP=2: rank 0 fails, rank 1 waits in a collective). test_engine_safety.py covers a failing model forward in generate, closed streams and aborts.
+decode steps, and with tensor parallelism (TP=2: rank 0 fails, rank 1 waits in a collective).
+test_engine_safety.py covers a failing model forward in generate, closed streams and aborts.
 """
+
 import functools
 
 import pytest
@@ -37,6 +39,7 @@ def failing_on_call(fn, n: int, error: type, after: bool = False):
         if calls[0] == n and after:
             raise error("injected fault")
         return out
+
     return wrapper
 
 
@@ -77,8 +80,9 @@ def inject_and_check(llm, fresh, monkeypatch, target, name, n, error, api, after
 
 
 # generate detokenizes once, after its requests finished: detokenizing faults are a stream's
-CASES = [(point, api) for point in POINTS for api in ("generate", "stream")
-         if (point, api) != ("detokenize", "generate")]
+CASES = [
+    (point, api) for point in POINTS for api in ("generate", "stream") if (point, api) != ("detokenize", "generate")
+]
 
 
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
@@ -105,8 +109,7 @@ def test_an_interrupt_while_a_finished_request_is_released(tiny_checkpoint, fres
     # A Ctrl-C in postprocess between freeing a finished sequence's blocks and taking it out of running: the
     # rollback releases it completely, so the engine is not left waiting on a finished request.
     llm = LLM(tiny_checkpoint, **ENGINE)
-    inject_and_check(llm, fresh, monkeypatch, llm.block_manager, "deallocate", 1, KeyboardInterrupt, api,
-                     after=True)
+    inject_and_check(llm, fresh, monkeypatch, llm.block_manager, "deallocate", 1, KeyboardInterrupt, api, after=True)
 
 
 def test_an_interrupt_in_a_compiled_decode_step_leaves_the_llm_usable(tiny_checkpoint, fresh, monkeypatch):
@@ -128,8 +131,9 @@ TP_POINTS = {**POINTS, "mid-forward": lambda llm: (llm.model_runner.model.model.
 
 @pytest.mark.slow
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
-@pytest.mark.parametrize("point, api", [(p, a) for p in TP_POINTS for a in ("generate", "stream")
-                                        if (p, a) != ("detokenize", "generate")])
+@pytest.mark.parametrize(
+    "point, api", [(p, a) for p in TP_POINTS for a in ("generate", "stream") if (p, a) != ("detokenize", "generate")]
+)
 def test_a_fault_with_tensor_parallelism_leaves_the_llm_usable(tp2, fresh, monkeypatch, point, api, error):
     target, name = TP_POINTS[point](tp2)
     inject_and_check(tp2, fresh, monkeypatch, target, name, 2, error, api)

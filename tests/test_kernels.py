@@ -2,6 +2,7 @@
 TRITON_INTERPRET=0 is set): the KV-cache store, paged decode attention, RMSNorm and add+RMSNorm, and the
 engine on the Triton backend giving the torch backend's greedy tokens. Cases are small: the interpreter runs
 every program in Python."""
+
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton reads it when a kernel is defined: before minillm.kernels
@@ -32,8 +33,8 @@ def test_store_kvcache_equals_torch_and_skips_slot_minus_one(kv_heads, head_dim)
     k_cache, v_cache = randn(6, 4, kv_heads, head_dim), randn(6, 4, kv_heads, head_dim)
     # keys and values as the model makes them: views into one qkv tensor, so their rows are strided
     qkv = randn(7, 4 * kv_heads * head_dim)
-    k = qkv[:, 2 * kv_heads * head_dim:3 * kv_heads * head_dim].view(7, kv_heads, head_dim)
-    v = qkv[:, 3 * kv_heads * head_dim:].view(7, kv_heads, head_dim)
+    k = qkv[:, 2 * kv_heads * head_dim : 3 * kv_heads * head_dim].view(7, kv_heads, head_dim)
+    v = qkv[:, 3 * kv_heads * head_dim :].view(7, kv_heads, head_dim)
     slots = torch.tensor([5, 17, -1, 3, 4, -1, 23], device=DEVICE)  # any order, block boundaries, the last slot
     expected_k, expected_v = k_cache.clone(), v_cache.clone()
     ref.store_kvcache(k, v, expected_k, expected_v, slots)
@@ -59,7 +60,10 @@ def decode_case(heads, kv_heads, head_dim, block_size, lens):
     """Random q and caches; each sequence's blocks scattered over the cache, tables padded with -1."""
     widths = [-(-n // block_size) for n in lens]
     num_blocks = sum(widths) + 2
-    k_cache, v_cache = randn(num_blocks, block_size, kv_heads, head_dim), randn(num_blocks, block_size, kv_heads, head_dim)
+    k_cache, v_cache = (
+        randn(num_blocks, block_size, kv_heads, head_dim),
+        randn(num_blocks, block_size, kv_heads, head_dim),
+    )
     order, tables = torch.randperm(num_blocks).tolist(), []
     for w in widths:
         tables.append(order[:w] + [-1] * (max(widths) - w))
@@ -68,16 +72,17 @@ def decode_case(heads, kv_heads, head_dim, block_size, lens):
     return q, k_cache, v_cache, torch.tensor(tables, device=DEVICE), torch.tensor(lens, device=DEVICE)
 
 
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 4, 16), (8, 2, 16), (6, 2, 24)],
-                         ids=["MHA", "GQA", "GQA-group-3-head-dim-24"])
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim", [(4, 4, 16), (8, 2, 16), (6, 2, 24)], ids=["MHA", "GQA", "GQA-group-3-head-dim-24"]
+)
 @pytest.mark.parametrize("block_size", [4, 16])
 def test_paged_decode_attention_equals_torch(heads, kv_heads, head_dim, block_size):
     """Contexts of 1 key, exactly one block, one block and one key, and a partial last block after two full."""
     torch.manual_seed(0)
     lens = [1, block_size, block_size + 1, 2 * block_size + 3]
     q, k_cache, v_cache, tables, context_lens = decode_case(heads, kv_heads, head_dim, block_size, lens)
-    out = kernels.paged_decode_attention(q, k_cache, v_cache, tables, context_lens, head_dim ** -0.5)
-    expected = ref.paged_decode_attention(q, k_cache, v_cache, tables, context_lens, head_dim ** -0.5)
+    out = kernels.paged_decode_attention(q, k_cache, v_cache, tables, context_lens, head_dim**-0.5)
+    expected = ref.paged_decode_attention(q, k_cache, v_cache, tables, context_lens, head_dim**-0.5)
     torch.testing.assert_close(out, expected, **TOL)
 
 

@@ -1,4 +1,5 @@
 """The LLM API: clear errors before any work, reproducible seeds, priorities, streaming."""
+
 import math
 
 import pytest
@@ -14,27 +15,37 @@ def llm(tmp_path_factory):
     return LLM(path, num_kvcache_blocks=40, kvcache_block_size=4)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(temperature=-1.0), "temperature must be a finite number >= 0"),
-    (dict(temperature=math.nan), "temperature must be a finite number >= 0"),
-    (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
-    (dict(top_p=math.nan), r"top_p must be in \(0, 1\]"),
-    (dict(top_k=-2), "top_k must be an integer >= -1"),
-    (dict(max_tokens=0), "max_tokens must be an integer >= 1"),
-    (dict(stop_token_ids=[-1]), "stop_token_ids must be token ids"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(temperature=-1.0), "temperature must be a finite number >= 0"),
+        (dict(temperature=math.nan), "temperature must be a finite number >= 0"),
+        (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+        (dict(top_p=math.nan), r"top_p must be in \(0, 1\]"),
+        (dict(top_k=-2), "top_k must be an integer >= -1"),
+        (dict(max_tokens=0), "max_tokens must be an integer >= 1"),
+        (dict(stop_token_ids=[-1]), "stop_token_ids must be token ids"),
+    ],
+)
 def test_bad_sampling_parameters_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
 
 
-@pytest.mark.parametrize("prompt,params,message", [
-    ("", SamplingParams(), "the prompt is empty"),
-    ([], SamplingParams(), "the prompt is empty"),
-    ([1, 2, 999], SamplingParams(), r"unknown token ids \[999\]: ids must be integers in \[0, 256\)"),
-    ([1] * 250, SamplingParams(max_tokens=10), r"= 260 exceeds max_model_len=256: shorten the prompt or lower"),
-    ([1] * 150, SamplingParams(max_tokens=20), r"KV cache \(40 blocks of 4 tokens\) cannot hold one request of 170"),
-])
+@pytest.mark.parametrize(
+    "prompt,params,message",
+    [
+        ("", SamplingParams(), "the prompt is empty"),
+        ([], SamplingParams(), "the prompt is empty"),
+        ([1, 2, 999], SamplingParams(), r"unknown token ids \[999\]: ids must be integers in \[0, 256\)"),
+        ([1] * 250, SamplingParams(max_tokens=10), r"= 260 exceeds max_model_len=256: shorten the prompt or lower"),
+        (
+            [1] * 150,
+            SamplingParams(max_tokens=20),
+            r"KV cache \(40 blocks of 4 tokens\) cannot hold one request of 170",
+        ),
+    ],
+)
 def test_bad_requests_are_rejected_before_any_work(llm, prompt, params, message):
     with pytest.raises(ValueError, match=message):
         llm.generate(["ok" if isinstance(prompt, str) else [5, 6], prompt], params, use_tqdm=False)
@@ -78,28 +89,33 @@ def test_seeded_sampling_does_not_depend_on_the_batch(llm):
     seeded = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=20, seed=1234)
     alone = llm.generate([[5, 6, 7]], seeded, use_tqdm=False)[0].token_ids
     others = [SamplingParams(temperature=1.0, max_tokens=n) for n in (5, 30, 12)]
-    crowd = llm.generate([[9, 9], [5, 6, 7], [1, 2, 3, 4, 5, 6], [40] * 9], [others[0], seeded, *others[1:]],
-                         use_tqdm=False)
+    crowd = llm.generate(
+        [[9, 9], [5, 6, 7], [1, 2, 3, 4, 5, 6], [40] * 9], [others[0], seeded, *others[1:]], use_tqdm=False
+    )
     assert crowd[1].token_ids == alone
-    assert llm.generate([[5, 6, 7]], SamplingParams(temperature=1.0, max_tokens=20, seed=99),
-                        use_tqdm=False)[0].token_ids != alone
+    assert (
+        llm.generate([[5, 6, 7]], SamplingParams(temperature=1.0, max_tokens=20, seed=99), use_tqdm=False)[0].token_ids
+        != alone
+    )
 
 
 def test_finish_reasons_and_stop_tokens(llm):
     greedy = llm.generate([[3, 4, 5]], SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0]
     assert greedy.finish_reason == "length" and len(greedy.token_ids) == 12
     stop = greedy.token_ids[5]
-    out = llm.generate([[3, 4, 5]], SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop]),
-                       use_tqdm=False)[0]
-    assert out.finish_reason == "stop" and out.token_ids == greedy.token_ids[:greedy.token_ids.index(stop) + 1]
+    out = llm.generate(
+        [[3, 4, 5]], SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop]), use_tqdm=False
+    )[0]
+    assert out.finish_reason == "stop" and out.token_ids == greedy.token_ids[: greedy.token_ids.index(stop) + 1]
     assert out.arrival_time <= out.first_token_time <= out.finish_time
 
 
 def test_priority_policy_serves_higher_priority_first(tmp_path):
     make_checkpoint("qwen3-gqa-tied", tmp_path)
     llm = LLM(tmp_path, scheduling_policy="priority", max_num_seqs=1)
-    outs = llm.generate([[1, 2], [3, 4], [5, 6]], SamplingParams(temperature=0, max_tokens=4),
-                        priorities=[0, 5, 1], use_tqdm=False)
+    outs = llm.generate(
+        [[1, 2], [3, 4], [5, 6]], SamplingParams(temperature=0, max_tokens=4), priorities=[0, 5, 1], use_tqdm=False
+    )
     order = sorted(range(3), key=lambda i: outs[i].finish_time)
     assert order == [1, 2, 0]
 
@@ -117,6 +133,8 @@ def test_stream_yields_the_same_text_as_generate(llm):
 
 def test_outputs_report_prefix_cache_hits(llm):
     shared = list(range(30, 62))  # 8 full blocks of 4
-    first, second = llm.generate([shared + [1]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False), \
-        llm.generate([shared + [2]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    first, second = (
+        llm.generate([shared + [1]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False),
+        llm.generate([shared + [2]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False),
+    )
     assert first[0].num_cached_tokens == 0 and second[0].num_cached_tokens == 32

@@ -1,4 +1,5 @@
 """The loader says which tensor or architecture is wrong and what it expected."""
+
 import json
 
 import pytest
@@ -34,12 +35,15 @@ def test_unexpected_tensor_is_named(ckpt):
         build_model(ckpt)
 
 
-@pytest.mark.parametrize("name,shape,expected", [
-    ("model.layers.0.mlp.up_proj.weight", (160, 32), r"\(160, 32\), expected \(160, 64\)"),  # a packed shard
-    ("model.layers.0.self_attn.k_proj.weight", (16, 64), r"\(16, 64\), expected \(64, 64\)"),  # too few rows
-    ("model.layers.0.self_attn.o_proj.weight", (64, 48), r"\(64, 48\), expected \(64, 64\)"),
-    ("model.embed_tokens.weight", (300, 64), r"\(300, 64\), expected \(256, 64\)"),
-])
+@pytest.mark.parametrize(
+    "name,shape,expected",
+    [
+        ("model.layers.0.mlp.up_proj.weight", (160, 32), r"\(160, 32\), expected \(160, 64\)"),  # a packed shard
+        ("model.layers.0.self_attn.k_proj.weight", (16, 64), r"\(16, 64\), expected \(64, 64\)"),  # too few rows
+        ("model.layers.0.self_attn.o_proj.weight", (64, 48), r"\(64, 48\), expected \(64, 64\)"),
+        ("model.embed_tokens.weight", (300, 64), r"\(300, 64\), expected \(256, 64\)"),
+    ],
+)
 def test_wrong_shape_names_tensor_and_expected_shape(ckpt, name, shape, expected):
     rewrite(ckpt, lambda t: t.update({name: torch.zeros(shape)}))
     with pytest.raises(ValueError, match=name.replace(".", r"\.") + ".*" + expected):
@@ -68,6 +72,7 @@ def test_tied_checkpoint_shares_one_table(tmp_path):
 
 # --- what config.json may say: accepted, ignored, refused (issue 29) ---------------------------------------------
 
+
 def edit_config(path, edit):
     cfg = json.loads((path / "config.json").read_text())
     edit(cfg)
@@ -88,8 +93,15 @@ def test_model_type_stands_in_for_a_missing_architectures_list(tmp_path, name):
 
 
 def small_config(**fields) -> dict:
-    cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=256, hidden_size=64,
-               intermediate_size=160, num_hidden_layers=2, num_attention_heads=4)
+    cfg = dict(
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+    )
     cfg.update(fields)
     return {k: v for k, v in cfg.items() if v is not None}
 
@@ -97,13 +109,22 @@ def small_config(**fields) -> dict:
 ACCEPTED = [
     ("model_type llama, no architectures", dict(architectures=None), "LlamaForCausalLM"),
     ("model_type qwen2, empty architectures", dict(architectures=[], model_type="qwen2"), "Qwen2ForCausalLM"),
-    ("a dequantized GGUF's quantization_config", dict(quantization_config={"quant_method": "gguf",
-                                                                            "dequantize": True}), "LlamaForCausalLM"),
+    (
+        "a dequantized GGUF's quantization_config",
+        dict(quantization_config={"quant_method": "gguf", "dequantize": True}),
+        "LlamaForCausalLM",
+    ),
     ("hidden_act swish (silu's other name)", dict(hidden_act="swish"), "LlamaForCausalLM"),
-    ("a sliding window switched off", dict(architectures=["Qwen2ForCausalLM"], use_sliding_window=False,
-                                           sliding_window=4096, max_window_layers=0), "Qwen2ForCausalLM"),
-    ("a window on no layer", dict(architectures=["Qwen2ForCausalLM"], use_sliding_window=True,
-                                  sliding_window=4096, max_window_layers=2), "Qwen2ForCausalLM"),
+    (
+        "a sliding window switched off",
+        dict(architectures=["Qwen2ForCausalLM"], use_sliding_window=False, sliding_window=4096, max_window_layers=0),
+        "Qwen2ForCausalLM",
+    ),
+    (
+        "a window on no layer",
+        dict(architectures=["Qwen2ForCausalLM"], use_sliding_window=True, sliding_window=4096, max_window_layers=2),
+        "Qwen2ForCausalLM",
+    ),
     ("layer_types all full", dict(layer_types=["full_attention"] * 2), "LlamaForCausalLM"),
 ]
 
@@ -114,24 +135,43 @@ def test_config_fields_that_are_accepted(fields, arch):
 
 
 REFUSED = [
-    ("unknown model_type, no architectures", dict(architectures=None, model_type="gpt2"),
-     r"unsupported model_type 'gpt2' \(config.json lists no architectures\): minillm supports model_type llama, "
-     "qwen2, qwen3"),
+    (
+        "unknown model_type, no architectures",
+        dict(architectures=None, model_type="gpt2"),
+        r"unsupported model_type 'gpt2' \(config.json lists no architectures\): minillm supports model_type llama, "
+        "qwen2, qwen3",
+    ),
     ("no architectures, no model_type", dict(architectures=None, model_type=None), "unsupported model_type None"),
-    ("another architecture", dict(architectures=["MistralForCausalLM"]),
-     "unsupported architecture 'MistralForCausalLM': minillm supports"),
-    *[(f"{method} weights", dict(quantization_config={"quant_method": method, "bits": 4}),
-       rf"weights are stored quantized \(quantization_config: quant_method '{method}'\).*use the unquantized "
-       r"checkpoint, or dequantize this one \(in transformers: from_pretrained, model.dequantize\(\), save_pretrained\)")
-      for method in ("gptq", "awq", "bitsandbytes", "fp8", "compressed-tensors")],
+    (
+        "another architecture",
+        dict(architectures=["MistralForCausalLM"]),
+        "unsupported architecture 'MistralForCausalLM': minillm supports",
+    ),
+    *[
+        (
+            f"{method} weights",
+            dict(quantization_config={"quant_method": method, "bits": 4}),
+            rf"weights are stored quantized \(quantization_config: quant_method '{method}'\).*use the unquantized "
+            r"checkpoint, or dequantize this one \(in transformers: from_pretrained, model.dequantize\(\), save_pretrained\)",
+        )
+        for method in ("gptq", "awq", "bitsandbytes", "fp8", "compressed-tensors")
+    ],
     ("another activation", dict(hidden_act="gelu"), r"unsupported hidden_act 'gelu': minillm's MLP is SwiGLU"),
-    ("a sliding window", dict(architectures=["Qwen2ForCausalLM"], use_sliding_window=True, sliding_window=4096,
-                              max_window_layers=1),
-     r"sliding-window attention is not supported .*sliding_window 4096.*set use_sliding_window to false"),
-    ("sliding layer_types", dict(layer_types=["sliding_attention", "full_attention"]),
-     r"sliding-window attention is not supported \(layer_types \['sliding_attention'\]"),
-    ("yarn rope scaling", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}),
-     "unsupported rope scaling 'yarn': minillm implements default, linear, llama3"),
+    (
+        "a sliding window",
+        dict(architectures=["Qwen2ForCausalLM"], use_sliding_window=True, sliding_window=4096, max_window_layers=1),
+        r"sliding-window attention is not supported .*sliding_window 4096.*set use_sliding_window to false",
+    ),
+    (
+        "sliding layer_types",
+        dict(layer_types=["sliding_attention", "full_attention"]),
+        r"sliding-window attention is not supported \(layer_types \['sliding_attention'\]",
+    ),
+    (
+        "yarn rope scaling",
+        dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+        "unsupported rope scaling 'yarn': minillm implements default, linear, llama3",
+    ),
     ("partial rotary", dict(partial_rotary_factor=0.5), "unsupported partial_rotary_factor"),
 ]
 

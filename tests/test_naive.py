@@ -1,4 +1,5 @@
 """The naive generator: seeded sampling is reproducible, and generation stops at EOS."""
+
 import pytest
 from checkpoints import make_checkpoint
 
@@ -22,4 +23,4 @@ def test_seeded_sampling_is_reproducible(model):
 def test_stops_after_eos(model):
     greedy = list(generate_naive(model, [1, 2, 3], 10))
     eos = greedy[4]
-    assert list(generate_naive(model, [1, 2, 3], 10, eos_token_ids=[eos])) == greedy[:greedy.index(eos) + 1]
+    assert list(generate_naive(model, [1, 2, 3], 10, eos_token_ids=[eos])) == greedy[: greedy.index(eos) + 1]

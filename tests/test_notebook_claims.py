@@ -8,6 +8,7 @@ is flagged and is no measurement (a datasheet figure, a model's size, arithmetic
 hypothetical) is listed in ALLOWED with its reason; anything else fails, naming the notebook, the cell and the
 line. An entry that no longer matches anything fails too (the list stays honest).
 """
+
 from dataclasses import dataclass
 
 import nbformat
@@ -54,7 +55,9 @@ ALLOWED = [
     Allowed("05", "4 KiB", "copies each 4 KiB block", "a block's size: " + SHAPES),
     Allowed("05", "128 KiB", "Bytes are for Llama-3-8B in bf16", "KV bytes per token from a config: " + SHAPES),
     Allowed("05", "82 %", "holds 5.6 times the memory", "counted on a seeded synthetic workload: deterministic"),
-    Allowed("05", "5.6 times the", "holds 5.6 times the memory", "counted on a seeded synthetic workload: deterministic"),
+    Allowed(
+        "05", "5.6 times the", "holds 5.6 times the memory", "counted on a seeded synthetic workload: deterministic"
+    ),
     Allowed("05", "1 %", "paging allocates within 1 %", "counted on a seeded synthetic workload: deterministic"),
     Allowed("05", "80 %", "The vLLM paper measured 60–80 %", "a published figure, cited"),
     Allowed("05", "1 %", "which is why vLLM and minillm default to 16", "counted on a seeded workload: deterministic"),
@@ -123,8 +126,11 @@ def findings(nb: nbformat.NotebookNode) -> list[tuple[int, object]]:
 
 
 def unallowed(number: str, nb: nbformat.NotebookNode) -> list[str]:
-    return [f"notebook {number}, cell {i}: {f.kind} {f.text!r} in: {f.line}" for i, f in findings(nb)
-            if not any(a.covers(number, f) for a in ALLOWED)]
+    return [
+        f"notebook {number}, cell {i}: {f.kind} {f.text!r} in: {f.line}"
+        for i, f in findings(nb)
+        if not any(a.covers(number, f) for a in ALLOWED)
+    ]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
@@ -133,7 +139,8 @@ def test_prose_states_no_measured_figure(path):
     assert not problems, (
         "hard-coded figures in the prose: print them from the cell that measures them, or render the sentence with "
         "minillm.course.claims.verdict; if one is a constant (a datasheet figure, a model's size), add it to ALLOWED "
-        "in tests/test_notebook_claims.py with its reason:\n  " + "\n  ".join(problems))
+        "in tests/test_notebook_claims.py with its reason:\n  " + "\n  ".join(problems)
+    )
 
 
 def test_every_allowance_still_matches_something():
@@ -154,31 +161,37 @@ def test_a_hard_coded_speedup_is_caught_naming_notebook_cell_and_text():
     assert "notebook 07, cell 1" in problem and "'1.37x'" in problem and "compiled steps are 1.37x faster" in problem
 
 
-@pytest.mark.parametrize("text, figure", [
-    ("compiled steps are 1.37x faster", "1.37x"),
-    ("MKL reads at 92% of the bandwidth", "92%"),
-    ("it saves 3.76 ms of a step", "3.76 ms"),
-    ("the broadcast costs 500 µs", "500 µs"),
-    ("llama.cpp decodes at 22.6 GB/s", "22.6 GB/s"),
-    ("a 4 MB model", "4 MB"),
-    ("serving 105 req/s", "105 req/s"),
-    ("about 2.5 times faster than eager", "2.5 times faster"),
-    ("compiled layers are no faster here", "faster here"),
-    ("two ranks are slower on this CPU", "slower on this CPU"),
-])
+@pytest.mark.parametrize(
+    "text, figure",
+    [
+        ("compiled steps are 1.37x faster", "1.37x"),
+        ("MKL reads at 92% of the bandwidth", "92%"),
+        ("it saves 3.76 ms of a step", "3.76 ms"),
+        ("the broadcast costs 500 µs", "500 µs"),
+        ("llama.cpp decodes at 22.6 GB/s", "22.6 GB/s"),
+        ("a 4 MB model", "4 MB"),
+        ("serving 105 req/s", "105 req/s"),
+        ("about 2.5 times faster than eager", "2.5 times faster"),
+        ("compiled layers are no faster here", "faster here"),
+        ("two ranks are slower on this CPU", "slower on this CPU"),
+    ],
+)
 def test_the_patterns_catch_measured_claims(text, figure):
     assert figure in [f.text for f in find_claims(text)]
 
 
-@pytest.mark.parametrize("text", [
-    "speedup against length (O(n²) → O(n)) for a 4-layer model, 8 heads, 2 KV heads",
-    "the buckets `[1, 2, 4, 8, 16]`, a `16x16` tile and `x.pow(2)` in backticks: `1.6x faster`",
-    "```python\nprint(f'{ratio:.2f}x faster')  # 1.6x\n```",
-    "the slot is 9 × 4 + 1 = 37 and position 9 % 4 = 1",
-    "$2 \\cdot (N-1)/N \\cdot$ bytes, see <https://example.com/1.6x> and [the post](https://x.org/92%)",
-    "measure whether two ranks are faster here, and what decides it",
-    "Chapter 09 on PCIe 4.0 x16; torch 2.13; step 3 of 5; about 75 min",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "speedup against length (O(n²) → O(n)) for a 4-layer model, 8 heads, 2 KV heads",
+        "the buckets `[1, 2, 4, 8, 16]`, a `16x16` tile and `x.pow(2)` in backticks: `1.6x faster`",
+        "```python\nprint(f'{ratio:.2f}x faster')  # 1.6x\n```",
+        "the slot is 9 × 4 + 1 = 37 and position 9 % 4 = 1",
+        "$2 \\cdot (N-1)/N \\cdot$ bytes, see <https://example.com/1.6x> and [the post](https://x.org/92%)",
+        "measure whether two ranks are faster here, and what decides it",
+        "Chapter 09 on PCIe 4.0 x16; torch 2.13; step 3 of 5; about 75 min",
+    ],
+)
 def test_the_patterns_leave_alone_what_is_no_measurement(text):
     assert find_claims(text) == []
 
@@ -186,9 +199,13 @@ def test_the_patterns_leave_alone_what_is_no_measurement(text):
 def test_verdict_says_the_direction_the_numbers_went():
     assert verdict(6.0, 4.0, "compiled steps") == "compiled steps are 1.50x faster here"
     assert verdict(6.72, 8.51, "compiled layers", than="eager") == "compiled layers are 0.79x: slower than eager here"
-    assert verdict(6.0, 6.1, "compiled layers", than="eager") == "compiled layers are 0.98x: about the same as eager here"
-    assert verdict(502, 1419, "TP=2 runs", lower_is_better=False, where="on this CPU") == \
-        "TP=2 runs are 2.83x faster on this CPU"  # rates: higher is better
+    assert (
+        verdict(6.0, 6.1, "compiled layers", than="eager") == "compiled layers are 0.98x: about the same as eager here"
+    )
+    assert (
+        verdict(502, 1419, "TP=2 runs", lower_is_better=False, where="on this CPU")
+        == "TP=2 runs are 2.83x faster on this CPU"
+    )  # rates: higher is better
     assert ratio_text(3.0, 2.0) == "1.50x" and isinstance(verdict(1, 2, "x"), Claim)
     assert verdict(1.0, 2.0, "x")._repr_markdown_() == "x are 0.50x: slower here"
     with pytest.raises(ValueError):
@@ -196,13 +213,16 @@ def test_verdict_says_the_direction_the_numbers_went():
 
 
 def test_verdict_range_says_whether_every_pair_went_the_same_way():
-    assert verdict_range([4.9, 8.7], [2.0, 4.5], "compiled forwards") == "compiled forwards are 1.93x to 2.45x faster here"
+    assert (
+        verdict_range([4.9, 8.7], [2.0, 4.5], "compiled forwards") == "compiled forwards are 1.93x to 2.45x faster here"
+    )
     mixed = verdict_range([4.0, 8.0], [5.0, 4.0], "compiled forwards", than="eager")
     assert mixed == "compiled forwards are 0.80x to 2.00x against eager: faster at some, slower at others here"
     assert verdict_range([4.0, 8.0], [5.0, 10.0], "x") == "x are 0.80x to 0.80x: slower here"
 
 
 # --- portability: what the notebooks say where Triton or OpenMP is missing -----------------------------------------
+
 
 @pytest.fixture
 def on(monkeypatch):
@@ -212,9 +232,11 @@ def on(monkeypatch):
     def play(system: str):
         real = portability.importlib.util.find_spec
         monkeypatch.setattr(portability, "system", lambda: system)
-        monkeypatch.setattr(portability.importlib.util, "find_spec",
-                            lambda name, *args: None if name == "triton" else real(name, *args))
+        monkeypatch.setattr(
+            portability.importlib.util, "find_spec", lambda name, *args: None if name == "triton" else real(name, *args)
+        )
         return portability
+
     return play
 
 
@@ -250,8 +272,11 @@ def test_notebook_09_checks_for_triton_before_importing_it():
     nb = nbformat.read(next(p for p in NOTEBOOKS if p.name.startswith("09")), as_version=4)
     code = [c.source for c in nb.cells if c.cell_type == "code"]
     guard = next(i for i, s in enumerate(code) if "skip_without_triton(" in s)
-    first_import = next(i for i, s in enumerate(code) if "import triton" in s or "from minillm import kernels" in s
-                        or "from minillm.kernels" in s)
+    first_import = next(
+        i
+        for i, s in enumerate(code)
+        if "import triton" in s or "from minillm import kernels" in s or "from minillm.kernels" in s
+    )
     assert guard < first_import, "the Triton check must run in a cell before any cell that imports Triton"
 
 
@@ -260,8 +285,10 @@ def test_without_triton_grading_chapter_09_skips_with_the_reason():
     import subprocess
     import sys
 
-    script = ("import sys\nfrom minillm.course import portability\nfrom minillm.course.grade import grade\n"
-              "sys.modules['triton'] = None\nportability.system = lambda: 'Darwin'\nsys.exit(grade('09'))\n")
+    script = (
+        "import sys\nfrom minillm.course import portability\nfrom minillm.course.grade import grade\n"
+        "sys.modules['triton'] = None\nportability.system = lambda: 'Darwin'\nsys.exit(grade('09'))\n"
+    )
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert run.returncode == 2, run.stdout + run.stderr  # nothing graded, nothing failed
     assert "SKIP  09.1" in run.stdout and "need Linux" in run.stdout and "FAIL" not in run.stdout

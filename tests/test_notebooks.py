@@ -1,13 +1,13 @@
 """Every course notebook runs headless from top to bottom, the committed copy holds that run's outputs, and
 each follows the chapter conventions (DESIGN §5): objectives and the engine map at the top; recap, self-check,
 stretch ideas and references at the end; a widget; folded hints for each of its exercises."""
+
 import re
 
 import nbformat
 import pytest
 
 from minillm.course.markers import find_exercises
-
 from minillm.course.notebooks import KERNELSPEC, execute, find_notebooks
 
 NOTEBOOKS = find_notebooks()
@@ -27,13 +27,19 @@ def test_committed_notebook_holds_the_outputs_of_a_clean_run(path):
     counts = [c.execution_count for c in cells]
     assert counts == list(range(1, len(cells) + 1)), (
         f"{path.name} was not saved straight after a top-to-bottom run (execution counts {counts}): "
-        "`make notebooks` re-executes it in place")
-    errors = [f"cell [{c.execution_count}]: {o.ename}: {o.evalue}" for c in cells for o in c.outputs
-              if o.output_type == "error" and "raises-exception" not in c.metadata.get("tags", [])]
+        "`make notebooks` re-executes it in place"
+    )
+    errors = [
+        f"cell [{c.execution_count}]: {o.ename}: {o.evalue}"
+        for c in cells
+        for o in c.outputs
+        if o.output_type == "error" and "raises-exception" not in c.metadata.get("tags", [])
+    ]
     assert not errors, f"{path.name} was saved with errors: {errors}"
     assert nb_kernel(path) == KERNELSPEC["name"], (
         f"{path.name} asks for the kernel {nb_kernel(path)!r}, not the course's {KERNELSPEC['display_name']!r}: "
-        "`make notebooks` saves it with the right one")
+        "`make notebooks` saves it with the right one"
+    )
 
 
 def nb_kernel(path) -> str:
@@ -63,10 +69,14 @@ def test_chapter_follows_the_conventions(path):
 
     def outputs(pattern: str) -> list:
         return [o for c in code if re.search(pattern, c.source) for o in c.outputs]
+
     assert any("image/png" in o.get("data", {}) for o in outputs(rf"engine_map\(\"{chapter}\"\)")), (
-        f"the 'you are here' map: a cell calling engine_map(\"{chapter}\") with its figure")
+        f"the 'you are here' map: a cell calling engine_map(\"{chapter}\") with its figure"
+    )
     assert any(o.get("data", {}).keys() & {"image/png", "text/plain"} for o in outputs(r"\binteract\(")), (
-        "at least one widget (minillm.course.interact) whose default output is committed")
+        "at least one widget (minillm.course.interact) whose default output is committed"
+    )
     for e in (e for e in find_exercises() if e.chapter == chapter):
         assert any("<details>" in o.get("data", {}).get("text/html", "") for o in outputs(rf"Hints\(\"{e.id}\"\)")), (
-            f"folded hints for exercise {e.id}: a cell Hints(\"{e.id}\")")
+            f"folded hints for exercise {e.id}: a cell Hints(\"{e.id}\")"
+        )

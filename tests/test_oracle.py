@@ -1,4 +1,5 @@
 """minillm against transformers on the same random weights: logits within 1e-4, identical greedy tokens."""
+
 import pytest
 import torch
 from checkpoints import CONFIGS, make_checkpoint
@@ -26,8 +27,9 @@ def test_logits_match_transformers(pair):
 def test_greedy_tokens_match_transformers_generate(pair):
     hf, ours = pair
     prompt = [3, 17, 42, 99, 7]
-    expected = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False, eos_token_id=None,
-                           pad_token_id=0)[0, len(prompt):].tolist()
+    expected = hf.generate(
+        torch.tensor([prompt]), max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0
+    )[0, len(prompt) :].tolist()
     assert list(generate_naive(ours, prompt, max_new_tokens=32)) == expected
     assert len(set(expected)) > 1  # a model stuck on one token would make this test too easy
 
@@ -47,5 +49,5 @@ def test_default_model_matches_transformers():
         expected = hf(torch.tensor([prompt])).logits[0]
         got = ours.compute_logits(ours(torch.tensor(prompt), torch.arange(len(prompt))))
     assert (got - expected).abs().max().item() < 1e-4
-    generated = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)[0, len(prompt):].tolist()
+    generated = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)[0, len(prompt) :].tolist()
     assert list(generate_naive(ours, prompt, 32, eos_token_ids=[hf.config.eos_token_id])) == generated

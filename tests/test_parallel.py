@@ -1,6 +1,7 @@
 """Tensor parallelism (chapter 10): the layers' shards add up to the whole model, `LLM(tensor_parallel_size=2)`
 gives the tokens of one process, also under torchrun, and its worker processes never outlive it: not after
 close, garbage collection, a failed step, or a worker killed mid-generation."""
+
 import gc
 import json
 import os
@@ -121,18 +122,19 @@ def test_tp2_on_an_untied_gqa_oracle_model(tmp_path):
 
 def test_torchrun_runs_the_same_script_on_every_rank(tmp_path, expected):
     script = tmp_path / "tp.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import json, sys
         from minillm import LLM, SamplingParams
         llm = LLM(tensor_parallel_size=2)  # ranks > 0 serve rank 0 here, then exit
         outs = llm.generate({PROMPTS!r}, SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
         json.dump([o.token_ids for o in outs], open(sys.argv[1], "w"))
         llm.close()
-    """))
+    """)
+    )
     out = tmp_path / "out.json"
     torchrun = Path(sys.executable).with_name("torchrun")
-    proc = subprocess.run([torchrun, "--nproc-per-node", "2", script, out], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([torchrun, "--nproc-per-node", "2", script, out], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(out.read_text()) == expected["greedy"]
 
@@ -198,8 +200,13 @@ def test_garbage_collection_stops_the_workers():
     assert not any(alive(pid) for pid in pids)
 
 
-@pytest.mark.parametrize("size, match", [(4, r"does not divide the model's key/value heads \(2\): choose one of \[1, 2\]"),
-                                         (3, r"does not divide the model's attention heads \(8\)")])
+@pytest.mark.parametrize(
+    "size, match",
+    [
+        (4, r"does not divide the model's key/value heads \(2\): choose one of \[1, 2\]"),
+        (3, r"does not divide the model's attention heads \(8\)"),
+    ],
+)
 def test_a_size_that_does_not_divide_the_heads_fails_before_any_process_starts(monkeypatch, size, match):
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("a worker was started"))
     with pytest.raises(ValueError, match=match):
@@ -217,7 +224,8 @@ def test_a_size_beyond_the_machine_fails_before_any_process_starts(monkeypatch, 
 @pytest.mark.parametrize("ending", ["return", "raise", "KeyboardInterrupt", "SIGKILL"])
 def test_no_worker_outlives_a_script_however_it_ends(tmp_path, ending):
     script = tmp_path / "end.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import os, signal, sys
         from minillm import LLM, SamplingParams
         llm = LLM(tensor_parallel_size=2)
@@ -230,7 +238,8 @@ def test_no_worker_outlives_a_script_however_it_ends(tmp_path, ending):
             raise KeyboardInterrupt
         if ending == "SIGKILL":  # no atexit, no finalizer: the worker notices its parent is gone
             os.kill(os.getpid(), signal.SIGKILL)
-    """))
+    """)
+    )
     before = shm()
     proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
     pid = int(proc.stdout.split()[0])

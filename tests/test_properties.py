@@ -16,11 +16,13 @@ with the wrong contents fails), fast enough for many examples; and a real one on
 compared token by token with `generate_cached` on each prompt alone. Deliberately broken block managers (test
 doubles) must be caught by the same checks.
 """
+
 from collections import Counter
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import Phase, given, settings, strategies as st
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
 
 from minillm import LLM, SamplingParams
 from minillm.config import Config
@@ -43,6 +45,7 @@ class InjectedFault(Exception):
 
 # --- the checks ----------------------------------------------------------------------------------------------
 
+
 def check_books(engine: LLMEngine, requests: list) -> None:
     """AssertionError unless the engine's block books balance; `requests` are all the Sequences it was given."""
     bm, s = engine.block_manager, engine.scheduler
@@ -53,13 +56,15 @@ def check_books(engine: LLMEngine, requests: list) -> None:
     assert len(free) == len(set(free)) == bm.num_free_blocks, "the free list holds a block twice"
     assert set(free).isdisjoint(bm.used_block_ids), f"blocks both free and used: {set(free) & bm.used_block_ids}"
     assert bm.num_free_blocks + len(bm.used_block_ids) == total, (
-        f"free ({bm.num_free_blocks}) + used ({len(bm.used_block_ids)}) != total ({total})")
+        f"free ({bm.num_free_blocks}) + used ({len(bm.used_block_ids)}) != total ({total})"
+    )
     queued = list(s.waiting) + list(s.running)
     assert len({id(seq) for seq in queued}) == len(queued), "a sequence is queued twice"
     holders = Counter(b for seq in queued for b in seq.block_table)
     refs = {b: bm.blocks[b].ref_count for b in bm.used_block_ids}
     assert refs == dict(holders), (
-        f"ref counts {refs} differ from the queued sequences holding each block {dict(holders)}")
+        f"ref counts {refs} differ from the queued sequences holding each block {dict(holders)}"
+    )
     assert all(bm.blocks[b].ref_count == 0 for b in free), "a free block has a reference"
     for h, b in bm.hash_to_block_id.items():
         assert bm.blocks[b].hash == h, f"the prefix cache names block {b} for a hash it does not carry"
@@ -101,7 +106,7 @@ def cut(tokens: list[int], stop: set[int]) -> list[int]:
     """Tokens up to and including the first stop token."""
     for i, t in enumerate(tokens):
         if t in stop:
-            return tokens[:i + 1]
+            return tokens[: i + 1]
     return tokens
 
 
@@ -132,7 +137,8 @@ def run_workload(engine: LLMEngine, w: Workload, alone) -> None:
                 engine.abort_request(seq)
                 assert seq.finish_reason == "abort" and not seq.block_table, f"aborted request {i} still holds blocks"
                 assert bm.num_free_blocks == before + own, (
-                    f"aborting request {i} freed {bm.num_free_blocks - before} blocks, it alone held {own}")
+                    f"aborting request {i} freed {bm.num_free_blocks - before} blocks, it alone held {own}"
+                )
                 check_books(engine, list(seqs.values()))
         if not engine.is_finished():
             try:
@@ -141,36 +147,44 @@ def run_workload(engine: LLMEngine, w: Workload, alone) -> None:
                 pass
             check_books(engine, list(seqs.values()))
         step += 1
-        assert step < MAX_STEPS, f"still running after {MAX_STEPS} steps: {len(engine.scheduler.waiting)} waiting, " \
-                                 f"{len(engine.scheduler.running)} running"
+        assert step < MAX_STEPS, (
+            f"still running after {MAX_STEPS} steps: {len(engine.scheduler.waiting)} waiting, "
+            f"{len(engine.scheduler.running)} running"
+        )
     assert bm.num_free_blocks == len(bm.blocks) and not bm.used_block_ids, "blocks leaked at the end"
     for i, seq in seqs.items():
         tokens, reason = expected[i]
         if seq.finish_reason == "abort":
-            assert tokens[:seq.num_completion_tokens] == seq.completion_token_ids, f"aborted request {i} went astray"
+            assert tokens[: seq.num_completion_tokens] == seq.completion_token_ids, f"aborted request {i} went astray"
         else:
             assert (seq.completion_token_ids, seq.finish_reason) == (tokens, reason), (
                 f"request {i} (prompt {w.requests[i].prompt}) got {seq.completion_token_ids} ({seq.finish_reason}), "
-                f"alone it gets {tokens} ({reason})")
+                f"alone it gets {tokens} ({reason})"
+            )
 
 
 # --- workloads -----------------------------------------------------------------------------------------------
 
+
 @st.composite
 def workloads(draw, vocab: int, max_requests: int, budgets, max_faults: int) -> Workload:
     token = st.integers(1, vocab - 1)
-    prefixes = draw(st.lists(st.lists(token, max_size=14) | st.lists(token, min_size=8, max_size=16), min_size=1,
-                             max_size=3))  # shared prompt starts
+    prefixes = draw(
+        st.lists(st.lists(token, max_size=14) | st.lists(token, min_size=8, max_size=16), min_size=1, max_size=3)
+    )  # shared prompt starts
     requests = []
     for _ in range(draw(st.integers(1, max_requests) | st.integers(max_requests // 2, max_requests))):
         prompt = draw(st.sampled_from(prefixes)) + draw(st.lists(token, max_size=10))
-        requests.append(Request(
-            prompt=prompt or [draw(token)],
-            max_tokens=draw(st.integers(1, MAX_TOKENS)),
-            arrival=draw(st.integers(0, 2) | st.integers(0, 10)),
-            priority=draw(st.integers(0, 2)),
-            abort_after=draw(st.none() | st.none() | st.integers(0, 12)),
-            stop_at=draw(st.none() | st.integers(0, MAX_TOKENS - 1))))
+        requests.append(
+            Request(
+                prompt=prompt or [draw(token)],
+                max_tokens=draw(st.integers(1, MAX_TOKENS)),
+                arrival=draw(st.integers(0, 2) | st.integers(0, 10)),
+                priority=draw(st.integers(0, 2)),
+                abort_after=draw(st.none() | st.none() | st.integers(0, 12)),
+                stop_at=draw(st.none() | st.integers(0, MAX_TOKENS - 1)),
+            )
+        )
     need = max(-(-(len(r.prompt) + r.max_tokens) // BS) for r in requests)  # the largest request, in blocks
     return Workload(
         requests=requests,
@@ -179,10 +193,12 @@ def workloads(draw, vocab: int, max_requests: int, budgets, max_faults: int) -> 
         max_num_batched_tokens=draw(st.sampled_from(budgets)),  # small: chunked prefill
         policy=draw(st.sampled_from(["fcfs", "priority"])),
         prefix_caching=draw(st.booleans() | st.just(True)),
-        faults=frozenset(draw(st.sets(st.integers(1, 40), max_size=max_faults))))
+        faults=frozenset(draw(st.sets(st.integers(1, 40), max_size=max_faults))),
+    )
 
 
 # --- the simulated engine ------------------------------------------------------------------------------------
+
 
 def next_token(ids: list[int]) -> int:
     """The simulated model: the next token is a fixed function of the whole sequence (0 is EOS)."""
@@ -193,7 +209,7 @@ def sim_alone(prompt: list[int], n: int) -> list[int]:
     ids = list(prompt)
     for _ in range(n):
         ids.append(next_token(ids))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 class FakeRunner:
@@ -222,7 +238,7 @@ class FakeRunner:
                 end = len(seq)
                 positions = [end - 1]
             for p in positions:
-                writes[self.slot(seq, p)] = tuple(seq.token_ids[:p + 1])
+                writes[self.slot(seq, p)] = tuple(seq.token_ids[: p + 1])
             ends.append(end)
         if self.calls in self.faults:
             self.kv.update(dict.fromkeys(writes, "garbage"))
@@ -230,17 +246,24 @@ class FakeRunner:
         self.kv.update(writes)
         for seq, end in zip(seqs, ends):
             for p in range(end):
-                assert self.kv.get(self.slot(seq, p)) == tuple(seq.token_ids[:p + 1]), (
-                    f"sequence {seq.seq_id} reads wrong keys/values at position {p} (block {seq.block_table[p // BS]})")
+                assert self.kv.get(self.slot(seq, p)) == tuple(seq.token_ids[: p + 1]), (
+                    f"sequence {seq.seq_id} reads wrong keys/values at position {p} (block {seq.block_table[p // BS]})"
+                )
         return [next_token(seq.token_ids) if seq.samples_this_step else None for seq in seqs]
 
 
 def sim_engine(w: Workload, manager=BlockManager) -> LLMEngine:
     """The real LLMEngine (add_request, step with its rollback, abort_request), Scheduler and BlockManager, with a
     FakeRunner for the model."""
-    config = Config(max_num_seqs=w.max_num_seqs, max_num_batched_tokens=w.max_num_batched_tokens,
-                    max_model_len=1024, kvcache_block_size=BS, num_kvcache_blocks=w.num_blocks,
-                    enable_prefix_caching=w.prefix_caching, scheduling_policy=w.policy)
+    config = Config(
+        max_num_seqs=w.max_num_seqs,
+        max_num_batched_tokens=w.max_num_batched_tokens,
+        max_model_len=1024,
+        kvcache_block_size=BS,
+        num_kvcache_blocks=w.num_blocks,
+        enable_prefix_caching=w.prefix_caching,
+        scheduling_policy=w.policy,
+    )
     engine = LLMEngine.__new__(LLMEngine)
     engine.config, engine.tokenizer, engine.vocab_size = config, None, SIM_VOCAB
     engine.model_runner = FakeRunner(w.faults)
@@ -260,6 +283,7 @@ def test_simulated_engine_keeps_its_books_and_gives_each_request_its_own_tokens(
 
 # --- the real engine on a tiny checkpoint --------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def real_alone(tiny_checkpoint):
     """alone(prompt, n): the n greedy tokens of prompt on its own (generate_cached, a contiguous cache), memoized."""
@@ -270,13 +294,20 @@ def real_alone(tiny_checkpoint):
         if key not in memo:
             memo[key] = list(generate_cached(model, prompt, MAX_TOKENS))
         return memo[key][:n]
+
     return alone
 
 
 def real_engine(path, w: Workload, manager=None) -> LLM:
-    llm = LLM(path, kvcache_block_size=BS, num_kvcache_blocks=w.num_blocks, max_num_seqs=w.max_num_seqs,
-              max_num_batched_tokens=w.max_num_batched_tokens, scheduling_policy=w.policy,
-              enable_prefix_caching=w.prefix_caching)
+    llm = LLM(
+        path,
+        kvcache_block_size=BS,
+        num_kvcache_blocks=w.num_blocks,
+        max_num_seqs=w.max_num_seqs,
+        max_num_batched_tokens=w.max_num_batched_tokens,
+        scheduling_policy=w.policy,
+        enable_prefix_caching=w.prefix_caching,
+    )
     if manager is not None:
         llm.block_manager = llm.scheduler.block_manager = manager(w.num_blocks, BS, w.prefix_caching)
     run, calls = llm.model_runner.run, [0]
@@ -287,6 +318,7 @@ def real_engine(path, w: Workload, manager=None) -> LLM:
         if calls[0] in w.faults:
             raise InjectedFault(f"step {calls[0]}")
         return tokens
+
     llm.model_runner.run = run_or_fail
     return llm
 
@@ -302,6 +334,7 @@ def test_real_engine_keeps_its_books_and_gives_each_request_its_greedy_tokens_al
 
 # --- broken allocators must be caught ------------------------------------------------------------------------
 
+
 class LeakyBlockManager(BlockManager):
     """Broken on purpose: deallocate forgets a sequence's first block (its reference is never dropped)."""
 
@@ -315,7 +348,7 @@ class UndercountingBlockManager(BlockManager):
 
     def allocate(self, seq):
         super().allocate(seq)
-        for b in seq.block_table[:seq.num_cached_tokens // self.block_size]:
+        for b in seq.block_table[: seq.num_cached_tokens // self.block_size]:
             if self.blocks[b].ref_count > 1:
                 self.blocks[b].ref_count -= 1
 

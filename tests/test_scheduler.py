@@ -1,5 +1,7 @@
 """Scheduler decisions on their own (no model): budgets, chunking, preemption order, finishing."""
+
 import pytest
+
 from minillm.config import Config
 from minillm.engine.block_manager import BlockManager, FreeBlockQueue
 from minillm.engine.scheduler import Scheduler
@@ -146,5 +148,3 @@ def test_a_block_is_findable_by_hash_only_once_a_step_wrote_it(monkeypatch, free
     later = Sequence(low.token_ids[:8] + [11])  # low's two full blocks, then its own token
     bm.allocate(later)
     assert later.num_cached_tokens == 8 and later.block_table[:2] == low.block_table[:2]
-
-

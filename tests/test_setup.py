@@ -1,7 +1,9 @@
 """The conda path (environment.yml) and the pip path (pyproject.toml) install the same packages."""
+
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -11,7 +13,7 @@ def test_environment_yml_names_the_same_dependencies_as_pyproject():
     pip_deps = set(project["dependencies"]) | set(project["optional-dependencies"]["dev"])
     lines = (ROOT / "environment.yml").read_text().splitlines()
     start = lines.index("  - pip:")
-    conda_pip = {re.sub(r"^\s*- ", "", line) for line in lines[start + 1:] if line.strip().startswith("- ")}
+    conda_pip = {re.sub(r"^\s*- ", "", line) for line in lines[start + 1 :] if line.strip().startswith("- ")}
     assert conda_pip - {"-e ."} == pip_deps
     assert "-e ." in conda_pip
 

@@ -1,8 +1,10 @@
 """The tokenizer wrapper agrees with transformers, and streaming text never breaks a character."""
+
 import json
 
 import pytest
-from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -14,8 +16,10 @@ TEXTS = [
     "The cat saw the moon 🌙 and smiled 😀🦊 at the stars ✨.",
     "Ünïcödé mixes: naïve café, 東京, 🏳️‍🌈 and plain ASCII.",
 ]
-TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -24,12 +28,14 @@ def tok_dir(tmp_path_factory):
     hf = HFTokenizer(models.BPE())
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     hf.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|bos|>", "<|eos|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|bos|>", "<|eos|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     hf.train_from_iterator(TEXTS * 3, trainer)
     path = tmp_path_factory.mktemp("tok")
-    PreTrainedTokenizerFast(tokenizer_object=hf, bos_token="<|bos|>", eos_token="<|eos|>",
-                            chat_template=TEMPLATE).save_pretrained(path)
+    PreTrainedTokenizerFast(
+        tokenizer_object=hf, bos_token="<|bos|>", eos_token="<|eos|>", chat_template=TEMPLATE
+    ).save_pretrained(path)
     return path
 
 
@@ -40,7 +46,7 @@ def test_incremental_detokenization_equals_full_decode(tok_dir, text):
     for split in (0, 1, len(ids) // 2):  # stream after prompts of several lengths
         detok = IncrementalDetokenizer(tok, ids[:split])
         deltas = [detok.add(t) for t in ids[split:]]
-        assert "".join(deltas) == tok.decode(ids)[len(tok.decode(ids[:split])):]
+        assert "".join(deltas) == tok.decode(ids)[len(tok.decode(ids[:split])) :]
         assert not any("\ufffd" in d for d in deltas)
 
 
@@ -61,10 +67,14 @@ def test_encode_decode_and_specials_match_transformers(tok_dir):
 
 
 def test_chat_template_matches_transformers(tok_dir):
-    messages = [{"role": "user", "content": "Tell me a story."}, {"role": "assistant", "content": "Once..."},
-                {"role": "user", "content": "Another!"}]
-    expected = AutoTokenizer.from_pretrained(tok_dir).apply_chat_template(messages, tokenize=False,
-                                                                         add_generation_prompt=True)
+    messages = [
+        {"role": "user", "content": "Tell me a story."},
+        {"role": "assistant", "content": "Once..."},
+        {"role": "user", "content": "Another!"},
+    ]
+    expected = AutoTokenizer.from_pretrained(tok_dir).apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
     assert Tokenizer(tok_dir).apply_chat_template(messages) == expected
 
 

@@ -3,6 +3,7 @@
 A backend takes the models, the workload and a short warm-up workload; it runs the warm-up (first calls
 pay for allocations and lazy initialisation), then times the workload and returns a Run.
 """
+
 import gc
 import time
 from dataclasses import dataclass, field
@@ -58,9 +59,13 @@ class Models:
         after = process_memory() if on_cpu else None
         dtype = getattr(torch, llm.config.dtype)
         kv_cache = getattr(llm.model_runner, "kv_cache", None)
-        self.memory = engine_growth(before, after, num_parameters(self.path) * dtype.itemsize,
-                                    self.engine_option("kvcache_memory_bytes"),
-                                    kv_cache.nbytes if isinstance(kv_cache, torch.Tensor) else None)
+        self.memory = engine_growth(
+            before,
+            after,
+            num_parameters(self.path) * dtype.itemsize,
+            self.engine_option("kvcache_memory_bytes"),
+            kv_cache.nbytes if isinstance(kv_cache, torch.Tensor) else None,
+        )
         return llm
 
     @cached_property
@@ -96,9 +101,11 @@ def progress(total: int, desc: str, unit: str) -> tqdm:
 
 def counting(fn, bar: tqdm):
     """fn, ticking bar once per call."""
+
     def wrapper(*args, **kwargs):
         bar.update(1)
         return fn(*args, **kwargs)
+
     return wrapper
 
 
@@ -116,10 +123,16 @@ def run_minillm(models: Models, workload: Workload, warmup: Workload, args, llm:
             start = time.perf_counter()
             outputs = llm.generate(workload.prompts, greedy(workload.output_lens), use_tqdm=False)
             elapsed = time.perf_counter() - start
-    return Run(elapsed, [out.token_ids for out in outputs],
-               [(out.arrival_time, out.first_token_time, out.finish_time) for out in outputs],
-               {"breakdown": breakdown.summary(), "graph_mode": llm.model_runner.graph_mode,
-                "attention_backend": llm.model_runner.attn_backend.name})
+    return Run(
+        elapsed,
+        [out.token_ids for out in outputs],
+        [(out.arrival_time, out.first_token_time, out.finish_time) for out in outputs],
+        {
+            "breakdown": breakdown.summary(),
+            "graph_mode": llm.model_runner.graph_mode,
+            "attention_backend": llm.model_runner.attn_backend.name,
+        },
+    )
 
 
 def run_compiled(models: Models, workload: Workload, warmup: Workload, args) -> Run:
@@ -150,12 +163,17 @@ def run_static(models: Models, workload: Workload, warmup: Workload, args) -> Ru
     llm = models.engine
     batch_size = args.static_batch_size or models.engine_option("max_num_seqs")
     generate_static(llm, warmup.prompts, greedy(warmup.output_lens), batch_size)
-    num_steps = sum(max(workload.output_lens[i:i + batch_size]) for i in range(0, len(workload), batch_size))
-    with progress(num_steps, "minillm-static", "step") as bar, \
-            wrapped(*find(llm, "model_runner.run_model"), partial(counting, bar=bar)):
+    num_steps = sum(max(workload.output_lens[i : i + batch_size]) for i in range(0, len(workload), batch_size))
+    with (
+        progress(num_steps, "minillm-static", "step") as bar,
+        wrapped(*find(llm, "model_runner.run_model"), partial(counting, bar=bar)),
+    ):
         start = time.perf_counter()
         seqs = generate_static(llm, workload.prompts, greedy(workload.output_lens), batch_size)
         elapsed = time.perf_counter() - start
-    return Run(elapsed, [seq.completion_token_ids for seq in seqs],
-               [(seq.arrival_time, seq.first_token_time, seq.finish_time) for seq in seqs],
-               {"batch_size": batch_size})
+    return Run(
+        elapsed,
+        [seq.completion_token_ids for seq in seqs],
+        [(seq.arrival_time, seq.first_token_time, seq.finish_time) for seq in seqs],
+        {"batch_size": batch_size},
+    )

@@ -6,6 +6,7 @@ measurement. The wrappers cost one or two microseconds per call (~15 us a step) 
 milliseconds, so the breakdown is taken during the timed run itself; a second, separate run would find its
 prompts in the prefix cache and time other prefills than the ones the throughput figures count.
 """
+
 import time
 from collections import defaultdict
 from contextlib import ExitStack, contextmanager
@@ -40,8 +41,10 @@ def find(engine, path: str) -> tuple[object, str]:
     target = getattr(obj, name, None)
     if not callable(target):
         expected = ", ".join(f"engine.{p}()" for p in ["step", *sum(PARTS.values(), [])])
-        raise RuntimeError(f"the bench times engine.{path}(), which this engine does not have: the step "
-                           f"breakdown needs {expected} (names in minillm/bench/breakdown.py)")
+        raise RuntimeError(
+            f"the bench times engine.{path}(), which this engine does not have: the step "
+            f"breakdown needs {expected} (names in minillm/bench/breakdown.py)"
+        )
     return (target, "forward") if isinstance(target, nn.Module) else (obj, name)
 
 
@@ -86,6 +89,7 @@ class StepBreakdown:
             self.times[part] += time.perf_counter() - start
             self.results[part] = out
             return out
+
         return wrapper
 
     def timed_step(self, fn):
@@ -99,6 +103,7 @@ class StepBreakdown:
             if self.on_step:
                 self.on_step(seqs)
             return out
+
         return wrapper
 
     def summary(self) -> dict:
@@ -111,6 +116,10 @@ class StepBreakdown:
                 continue
             total = sum(s.seconds for s in steps)
             share = {part: sum(s.parts.get(part, 0.0) for s in steps) / total for part in PARTS}
-            out[kind] = dict(num_steps=len(steps), mean_batch_size=sum(s.batch_size for s in steps) / len(steps),
-                             mean_step_ms=total / len(steps) * 1000, share=share | {"other": 1 - sum(share.values())})
+            out[kind] = dict(
+                num_steps=len(steps),
+                mean_batch_size=sum(s.batch_size for s in steps) / len(steps),
+                mean_step_ms=total / len(steps) * 1000,
+                share=share | {"other": 1 - sum(share.values())},
+            )
         return out

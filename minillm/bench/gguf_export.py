@@ -12,6 +12,7 @@ qwen3.vocab_size set, which llama.cpp loads as that many dummy tokens (no BOS, E
 
     python -m minillm.bench.gguf_export CHECKPOINT_DIR OUT_DIR
 """
+
 import hashlib
 import sys
 from pathlib import Path

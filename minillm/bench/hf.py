@@ -4,6 +4,7 @@ Both are greedy and never stop early. generate() fills every option a call leave
 model.generation_config, so EOS is removed there, not only from the call; continuous batching takes
 eos_token_id=-1 as "no EOS". Each request keeps exactly the tokens it asked for, and the bench checks it.
 """
+
 import math
 import time
 
@@ -38,7 +39,7 @@ def generate_padded(model, workload: Workload, batch_size: int, bar=None) -> lis
     its longest requested output; each request keeps the tokens it asked for."""
     tokens = []
     for i in range(0, len(workload), batch_size):
-        prompts, lens = workload.prompts[i:i + batch_size], workload.output_lens[i:i + batch_size]
+        prompts, lens = workload.prompts[i : i + batch_size], workload.output_lens[i : i + batch_size]
         width = max(map(len, prompts))
         input_ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts], device=model.device)
         attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
@@ -60,8 +61,13 @@ def run_hf_generate(models: Models, workload: Workload, warmup: Workload, args) 
             start = time.perf_counter()
             tokens = generate_padded(model, workload, batch_size, bar)
             elapsed = time.perf_counter() - start
-        tried.append(dict(batch_size=batch_size, elapsed_time=elapsed,
-                          output_tokens_per_second=workload.num_output_tokens / elapsed))
+        tried.append(
+            dict(
+                batch_size=batch_size,
+                elapsed_time=elapsed,
+                output_tokens_per_second=workload.num_output_tokens / elapsed,
+            )
+        )
         if best is None or elapsed < best.elapsed:
             best = Run(elapsed, tokens, None, {"batch_size": batch_size})
     best.info["tried"] = tried
@@ -83,30 +89,46 @@ def run_hf_generate(models: Models, workload: Workload, warmup: Workload, args) 
 def run_hf_generate_batch(models: Models, workload: Workload, warmup: Workload, args) -> Run:
     """transformers' continuous batching, each request with its own output length."""
     model = models.hf_model
-    hints = WorkloadHints(max_prompt_length=max(map(len, workload.prompts)),
-                          max_generated_length=max(workload.output_lens), num_requests=len(workload))
+    hints = WorkloadHints(
+        max_prompt_length=max(map(len, workload.prompts)),
+        max_generated_length=max(workload.output_lens),
+        num_requests=len(workload),
+    )
     config = GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=PAD)
     seqs = min(len(workload), models.engine_option("max_num_seqs"))
-    budgets = ContinuousBatchingConfig(max_batch_tokens=models.engine_option("max_num_batched_tokens"),
-                                       max_requests_per_batch=seqs)
+    budgets = ContinuousBatchingConfig(
+        max_batch_tokens=models.engine_option("max_num_batched_tokens"), max_requests_per_batch=seqs
+    )
     budgets.num_blocks = seqs * (math.ceil(workload.max_len / budgets.page_size) + 1)
-    with model.continuous_batching_context_manager(generation_config=config, continuous_batching_config=budgets,
-                                                   workload_hints=hints) as manager:
-        info = dict(attn_implementation=model.config._attn_implementation, max_batch_tokens=budgets.max_batch_tokens,
-                    max_requests_per_batch=seqs, num_blocks=budgets.num_blocks, page_size=budgets.page_size)
+    with model.continuous_batching_context_manager(
+        generation_config=config, continuous_batching_config=budgets, workload_hints=hints
+    ) as manager:
+        info = dict(
+            attn_implementation=model.config._attn_implementation,
+            max_batch_tokens=budgets.max_batch_tokens,
+            max_requests_per_batch=seqs,
+            num_blocks=budgets.num_blocks,
+            page_size=budgets.page_size,
+        )
         complete(manager, warmup, "warmup")
         with progress(len(workload), "hf-generate-batch", "req") as bar:
             start = time.perf_counter()
             results = complete(manager, workload, "req", bar)
             elapsed = time.perf_counter() - start
-    return Run(elapsed, [r.generated_tokens for r in results],
-               [(r.created_time, r.timestamps[0], r.timestamps[-1]) for r in results], info)
+    return Run(
+        elapsed,
+        [r.generated_tokens for r in results],
+        [(r.created_time, r.timestamps[0], r.timestamps[-1]) for r in results],
+        info,
+    )
 
 
 def complete(manager, workload: Workload, tag: str, bar=None) -> list:
     """Add every request with its own max_new_tokens, wait for all; their GenerationOutputs in request order."""
-    ids = [manager.add_request(prompt, request_id=f"{tag}-{i}", max_new_tokens=n, record_timestamps=True)
-           for i, (prompt, n) in enumerate(zip(workload.prompts, workload.output_lens))]
+    ids = [
+        manager.add_request(prompt, request_id=f"{tag}-{i}", max_new_tokens=n, record_timestamps=True)
+        for i, (prompt, n) in enumerate(zip(workload.prompts, workload.output_lens))
+    ]
     if None in ids:
         raise RuntimeError("transformers' continuous batching refused a request (its manager is not accepting any)")
     results = {}

@@ -9,6 +9,7 @@ The two one-request-at-a-time rungs are far slower, so they run only the first -
 every rung reports output tokens/s, which stays comparable across slices of the same workload. All rungs are
 greedy: each must generate the naive loop's tokens, and the record says whether it did.
 """
+
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -23,6 +24,7 @@ from minillm.naive import generate_cached, generate_naive
 
 def one_at_a_time(generate: Callable, name: str) -> Callable:
     """A backend running generate(model, prompt_ids, max_new_tokens) on the engine's model, request by request."""
+
     def run(models: Models, workload: Workload, warmup: Workload, args) -> Run:
         model = models.engine.model_runner.model
         list(generate(model, warmup.prompts[0], warmup.output_lens[0]))
@@ -34,6 +36,7 @@ def one_at_a_time(generate: Callable, name: str) -> Callable:
                 bar.update(1)
             elapsed = time.perf_counter() - start
         return Run(elapsed, tokens)
+
     return run
 
 
@@ -56,8 +59,12 @@ RUNGS = [
     Rung("continuous", "+ continuous batching", run_minillm),
     Rung("prefix-caching", "+ prefix caching", run_minillm, dict(enable_prefix_caching=True)),
     Rung("cpu-kernels", "+ C++ CPU kernels", run_minillm, dict(attention_backend="cpu"), device="cpu"),
-    Rung("compiled", "+ compiled steps and layers / CUDA graphs", run_compiled,
-         dict(enforce_eager=False, compile_layers=True)),
+    Rung(
+        "compiled",
+        "+ compiled steps and layers / CUDA graphs",
+        run_compiled,
+        dict(enforce_eager=False, compile_layers=True),
+    ),
     Rung("triton", "+ Triton attention kernels", run_compiled, dict(attention_backend="triton"), device="cuda"),
 ]
 
@@ -73,7 +80,7 @@ def rung_options(name: str, device: str) -> dict:
     if name not in names:
         raise ValueError(f"rung {name!r} does not run on {device}")
     options = dict(NOTHING)
-    for rung in (r for r in RUNGS if r.name in names[:names.index(name) + 1]):
+    for rung in (r for r in RUNGS if r.name in names[: names.index(name) + 1]):
         options |= rung.adds
     return options
 
@@ -82,7 +89,7 @@ def run(path, engine_options: dict, workload: Workload, warmup: Workload, args) 
     """Every rung of --rungs on the workload (the slow ones on its first requests); per rung its throughput,
     latency where recorded, speedups over the rung before and the first, and whether its tokens equal the
     first rung's on the requests both ran."""
-    head = Workload(workload.prompts[:args.ladder_slow_prompts], workload.output_lens[:args.ladder_slow_prompts])
+    head = Workload(workload.prompts[: args.ladder_slow_prompts], workload.output_lens[: args.ladder_slow_prompts])
     rungs, first = {}, None
     device = engine_options.get("device", "cpu")
     for rung in (r for r in RUNGS if r.name in args.rungs):
@@ -90,11 +97,17 @@ def run(path, engine_options: dict, workload: Workload, warmup: Workload, args) 
         result = rung.run(Models(path, engine_options | rung_options(rung.name, device)), part, warmup, args)
         first = first or result
         same = sum(a == b for a, b in zip(result.token_ids, first.token_ids))  # zip: the shorter run's requests
-        rungs[rung.name] = dict(label=rung.label, first_requests_only=rung.slow, **throughput(part, result.elapsed),
-                                **(latency(result.times, part.output_lens) if result.times else {}),
-                                same_tokens_as_first=same / min(len(part), len(first.token_ids)),
-                                **{k: v for k, v in result.info.items() if k != "breakdown"})
-        print(f"{rung.name}: {rungs[rung.name]['output_tokens_per_second']:.1f} output tokens/s on {len(part)} requests")
+        rungs[rung.name] = dict(
+            label=rung.label,
+            first_requests_only=rung.slow,
+            **throughput(part, result.elapsed),
+            **(latency(result.times, part.output_lens) if result.times else {}),
+            same_tokens_as_first=same / min(len(part), len(first.token_ids)),
+            **{k: v for k, v in result.info.items() if k != "breakdown"},
+        )
+        print(
+            f"{rung.name}: {rungs[rung.name]['output_tokens_per_second']:.1f} output tokens/s on {len(part)} requests"
+        )
     speeds = [r["output_tokens_per_second"] for r in rungs.values()]
     for r, speed, before in zip(rungs.values(), speeds, speeds[:1] + speeds):
         r["speedup_over_previous"], r["speedup_over_first"] = speed / before, speed / speeds[0]

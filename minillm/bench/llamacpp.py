@@ -13,6 +13,7 @@ medians over the rest. The engines alternate prompt by prompt, so a shared machi
 both. llama-cpp-python is an optional extra: `pip install -e '.[peers]'` builds llama.cpp
 from source (about 10 minutes).
 """
+
 import statistics
 import time
 from pathlib import Path
@@ -43,9 +44,17 @@ def load(gguf_path: Path, n_ctx: int, threads: int):
     threads for prompts and single tokens alike."""
     import llama_cpp
 
-    return llama_cpp.Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx,
-                           n_threads=threads, n_threads_batch=threads, type_k=llama_cpp.GGML_TYPE_F32,
-                           type_v=llama_cpp.GGML_TYPE_F32, verbose=False)
+    return llama_cpp.Llama(
+        model_path=str(gguf_path),
+        n_ctx=n_ctx,
+        n_batch=n_ctx,
+        n_ubatch=n_ctx,
+        n_threads=threads,
+        n_threads_batch=threads,
+        type_k=llama_cpp.GGML_TYPE_F32,
+        type_v=llama_cpp.GGML_TYPE_F32,
+        verbose=False,
+    )
 
 
 def generate(llm, prompt: list[int], max_tokens: int) -> tuple[list[int], float, float]:
@@ -72,16 +81,17 @@ def minillm_generate(llm: LLM, prompt: list[int], max_tokens: int) -> tuple[list
     """minillm's greedy tokens for prompt, its prefill steps' seconds and its decode steps' seconds (from the
     step breakdown: the same parts of the work as generate() times for llama.cpp)."""
     with StepBreakdown(llm) as breakdown:
-        out = llm.generate([prompt], [SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)],
-                           use_tqdm=False)[0]
+        out = llm.generate(
+            [prompt], [SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)], use_tqdm=False
+        )[0]
     steps = breakdown.summary()
-    seconds = [steps[k]["mean_step_ms"] * steps[k]["num_steps"] / 1000 if k in steps else 0.0
-               for k in ("prefill", "decode")]
+    seconds = [
+        steps[k]["mean_step_ms"] * steps[k]["num_steps"] / 1000 if k in steps else 0.0 for k in ("prefill", "decode")
+    ]
     return out.token_ids, *seconds
 
 
-def run_both(path: Path, llm: LLM, gguf_path: Path, prompts: list[list[int]], output_len: int,
-             threads: int) -> dict:
+def run_both(path: Path, llm: LLM, gguf_path: Path, prompts: list[list[int]], output_len: int, threads: int) -> dict:
     """Each prompt through minillm, then through llama.cpp, then the next prompt: the two engines alternate,
     so a machine whose load changes during the run disturbs both alike. Per engine: tokens, and prompt and
     decode tokens/s per prompt."""
@@ -93,8 +103,14 @@ def run_both(path: Path, llm: LLM, gguf_path: Path, prompts: list[list[int]], ou
             runs["llama_cpp"].append(generate(peer, prompt, output_len))
     finally:
         peer.close()
-    return {name: dict(token_ids=[r[0] for r in rs], prompt_tps=[len(p) / r[1] for p, r in zip(prompts, rs)],
-                       decode_tps=[(output_len - 1) / r[2] if r[2] else 0.0 for r in rs]) for name, rs in runs.items()}
+    return {
+        name: dict(
+            token_ids=[r[0] for r in rs],
+            prompt_tps=[len(p) / r[1] for p, r in zip(prompts, rs)],
+            decode_tps=[(output_len - 1) / r[2] if r[2] else 0.0 for r in rs],
+        )
+        for name, rs in runs.items()
+    }
 
 
 def compare(path: Path, llm: LLM, prompts: list[list[int]], output_len: int, cache_dir: Path | None = None) -> dict:
@@ -111,18 +127,23 @@ def compare(path: Path, llm: LLM, prompts: list[list[int]], output_len: int, cac
     runs = run_both(path, llm, gguf_path, prompts, output_len, threads)
     out = {}
     for name, run in runs.items():
-        out[name] = dict(prompt_tokens_per_second=statistics.median(run["prompt_tps"][1:] or run["prompt_tps"]),
-                         decode_tokens_per_second=statistics.median(run["decode_tps"][1:] or run["decode_tps"]),
-                         prompt_tps=run["prompt_tps"], decode_tps=run["decode_tps"])
+        out[name] = dict(
+            prompt_tokens_per_second=statistics.median(run["prompt_tps"][1:] or run["prompt_tps"]),
+            decode_tokens_per_second=statistics.median(run["decode_tps"][1:] or run["decode_tps"]),
+            prompt_tps=run["prompt_tps"],
+            decode_tps=run["decode_tps"],
+        )
     ours, theirs = out["minillm"], out["llama_cpp"]
     same = sum(a == b for a, b in zip(runs["minillm"]["token_ids"], runs["llama_cpp"]["token_ids"]))
     theirs |= dict(gguf=str(gguf_path), threads=threads, kv_cache="f32", same_tokens_as_minillm=same / len(prompts))
     speedup = {k: ours[f"{k}_tokens_per_second"] / theirs[f"{k}_tokens_per_second"] for k in ("prompt", "decode")}
-    print(f"batch 1, {len(prompts[0])}-token prompts, {output_len} tokens, {threads} threads, median of "
-          f"{max(len(prompts) - 1, 1)}:\n"
-          f"  minillm:   prompt {ours['prompt_tokens_per_second']:.1f} tok/s, decode {ours['decode_tokens_per_second']:.1f} tok/s\n"
-          f"  llama.cpp: prompt {theirs['prompt_tokens_per_second']:.1f} tok/s, decode "
-          f"{theirs['decode_tokens_per_second']:.1f} tok/s (fp32 GGUF, F32 KV cache); same greedy tokens on "
-          f"{same} of {len(prompts)} prompts\n"
-          f"  minillm / llama.cpp: prompt {speedup['prompt']:.2f}x, decode {speedup['decode']:.2f}x")
+    print(
+        f"batch 1, {len(prompts[0])}-token prompts, {output_len} tokens, {threads} threads, median of "
+        f"{max(len(prompts) - 1, 1)}:\n"
+        f"  minillm:   prompt {ours['prompt_tokens_per_second']:.1f} tok/s, decode {ours['decode_tokens_per_second']:.1f} tok/s\n"
+        f"  llama.cpp: prompt {theirs['prompt_tokens_per_second']:.1f} tok/s, decode "
+        f"{theirs['decode_tokens_per_second']:.1f} tok/s (fp32 GGUF, F32 KV cache); same greedy tokens on "
+        f"{same} of {len(prompts)} prompts\n"
+        f"  minillm / llama.cpp: prompt {speedup['prompt']:.2f}x, decode {speedup['decode']:.2f}x"
+    )
     return dict(llama_cpp=dict(results=out, minillm_speedup=speedup))

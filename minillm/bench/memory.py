@@ -23,24 +23,46 @@ def process_memory() -> dict | None:
     return dict(rss=psutil.Process().memory_info().rss, peak_rss=None)
 
 
-def engine_growth(before: dict | None, after: dict | None, weight_bytes: int, kv_cache_budget_bytes: int,
-                  kv_cache_allocated_bytes: int | None = None) -> dict:
+def engine_growth(
+    before: dict | None,
+    after: dict | None,
+    weight_bytes: int,
+    kv_cache_budget_bytes: int,
+    kv_cache_allocated_bytes: int | None = None,
+) -> dict:
     """The record's memory field: resident memory before and after building the engine, its growth, the bytes the
     engine must hold (the checkpoint's weights, the KV cache budget) and growth / (weights + KV budget): 1.0 would
     be nothing but the weights and the cache. And the build's peak above the memory before, where the process's
     peak (VmHWM) rose during the build, so that the new peak is the build's own; None otherwise."""
-    out = dict(weight_bytes=weight_bytes, kv_cache_budget_bytes=kv_cache_budget_bytes,
-               kv_cache_allocated_bytes=kv_cache_allocated_bytes, source=None, rss_before_bytes=None,
-               rss_after_bytes=None, rss_growth_bytes=None, peak_rss_growth_bytes=None,
-               growth_over_weights_and_kv=None)
+    out = dict(
+        weight_bytes=weight_bytes,
+        kv_cache_budget_bytes=kv_cache_budget_bytes,
+        kv_cache_allocated_bytes=kv_cache_allocated_bytes,
+        source=None,
+        rss_before_bytes=None,
+        rss_after_bytes=None,
+        rss_growth_bytes=None,
+        peak_rss_growth_bytes=None,
+        growth_over_weights_and_kv=None,
+    )
     if before is None or after is None:
         return out
     growth = after["rss"] - before["rss"]
-    peak = (after["peak_rss"] - before["rss"] if after.get("peak_rss") is not None
-            and before.get("peak_rss") is not None and after["peak_rss"] > before["peak_rss"] else None)
-    return out | dict(source="/proc/self/status" if after.get("peak_rss") is not None else "psutil",
-                      rss_before_bytes=before["rss"], rss_after_bytes=after["rss"], rss_growth_bytes=growth,
-                      peak_rss_growth_bytes=peak, growth_over_weights_and_kv=growth / (weight_bytes + kv_cache_budget_bytes))
+    peak = (
+        after["peak_rss"] - before["rss"]
+        if after.get("peak_rss") is not None
+        and before.get("peak_rss") is not None
+        and after["peak_rss"] > before["peak_rss"]
+        else None
+    )
+    return out | dict(
+        source="/proc/self/status" if after.get("peak_rss") is not None else "psutil",
+        rss_before_bytes=before["rss"],
+        rss_after_bytes=after["rss"],
+        rss_growth_bytes=growth,
+        peak_rss_growth_bytes=peak,
+        growth_over_weights_and_kv=growth / (weight_bytes + kv_cache_budget_bytes),
+    )
 
 
 def describe(memory: dict) -> str:
@@ -48,7 +70,12 @@ def describe(memory: dict) -> str:
     need = f"weights {memory['weight_bytes'] / 1e6:.0f} MB + KV cache budget {memory['kv_cache_budget_bytes'] / 1e6:.0f} MB"
     if memory["rss_growth_bytes"] is None:
         return f"minillm engine memory: resident memory not measurable here ({need})"
-    peak = (f"; its peak +{memory['peak_rss_growth_bytes'] / 1e6:.0f} MB"
-            if memory["peak_rss_growth_bytes"] is not None else "")
-    return (f"minillm engine memory: resident +{memory['rss_growth_bytes'] / 1e6:.0f} MB building LLM(...) = "
-            f"{memory['growth_over_weights_and_kv']:.2f} x ({need}){peak}")
+    peak = (
+        f"; its peak +{memory['peak_rss_growth_bytes'] / 1e6:.0f} MB"
+        if memory["peak_rss_growth_bytes"] is not None
+        else ""
+    )
+    return (
+        f"minillm engine memory: resident +{memory['rss_growth_bytes'] / 1e6:.0f} MB building LLM(...) = "
+        f"{memory['growth_over_weights_and_kv']:.2f} x ({need}){peak}"
+    )

@@ -4,6 +4,7 @@ TTFT (time to first token) = first_token_time - arrival_time: queueing plus pref
 TPOT (time per output token) = (finish_time - first_token_time) / (n_out - 1): the decode pace a request sees.
 E2EL (end-to-end latency) = finish_time - arrival_time: what a user waits for the whole answer.
 """
+
 import numpy as np
 
 from minillm.bench.workloads import Workload
@@ -11,10 +12,15 @@ from minillm.bench.workloads import Workload
 
 def throughput(workload: Workload, elapsed: float) -> dict:
     """Requests/s, output tokens/s and total (prompt + output) tokens/s of a run that took elapsed seconds."""
-    return dict(elapsed_time=elapsed, num_requests=len(workload), num_input_tokens=workload.num_input_tokens,
-                num_output_tokens=workload.num_output_tokens, requests_per_second=len(workload) / elapsed,
-                output_tokens_per_second=workload.num_output_tokens / elapsed,
-                total_tokens_per_second=(workload.num_input_tokens + workload.num_output_tokens) / elapsed)
+    return dict(
+        elapsed_time=elapsed,
+        num_requests=len(workload),
+        num_input_tokens=workload.num_input_tokens,
+        num_output_tokens=workload.num_output_tokens,
+        requests_per_second=len(workload) / elapsed,
+        output_tokens_per_second=workload.num_output_tokens / elapsed,
+        total_tokens_per_second=(workload.num_input_tokens + workload.num_output_tokens) / elapsed,
+    )
 
 
 def latency(times: list[tuple[float, float, float]], output_lens: list[int]) -> dict:

@@ -3,6 +3,7 @@
 Random weights make cost-versus-size runs possible without downloading anything: the speed of a forward
 pass does not depend on what the weights say, only on their shapes.
 """
+
 import json
 import math
 import tempfile
@@ -19,12 +20,33 @@ from minillm.utils.loader import resolve_model_path
 # Qwen3 shapes (fp32, tied embeddings, 2048 positions): 100.7M, 26.1M and 0.9M parameters; the smaller ones
 # shrink width, depth and vocabulary alike.
 RANDOM_SIZES = {
-    "tiny": dict(vocab_size=4096, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=32),
-    "25m": dict(vocab_size=16384, hidden_size=512, intermediate_size=1408, num_hidden_layers=6,
-                num_attention_heads=8, num_key_value_heads=4, head_dim=64),
-    "100m": dict(vocab_size=32768, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
-                 num_attention_heads=12, num_key_value_heads=4, head_dim=64),
+    "tiny": dict(
+        vocab_size=4096,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+    ),
+    "25m": dict(
+        vocab_size=16384,
+        hidden_size=512,
+        intermediate_size=1408,
+        num_hidden_layers=6,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+    ),
+    "100m": dict(
+        vocab_size=32768,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        head_dim=64,
+    ),
 }
 
 
@@ -34,8 +56,9 @@ def save_random_qwen3(size: str, path: Path, seed: int = 0, max_position_embeddi
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen3Config(**RANDOM_SIZES[size], max_position_embeddings=max_position_embeddings, tie_word_embeddings=True,
-                         dtype="float32")
+    config = Qwen3Config(
+        **RANDOM_SIZES[size], max_position_embeddings=max_position_embeddings, tie_word_embeddings=True, dtype="float32"
+    )
     Qwen3ForCausalLM(config).save_pretrained(path)
 
 
@@ -48,8 +71,10 @@ def checkpoint(model: str | None, random_size: str | None, seed: int = 0) -> Ite
     if random_size is None:
         path = resolve_model_path(model) if model else default_model_path()
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{path} is not a checkpoint directory (no config.json): pass --model DIR "
-                                    "with config.json and *.safetensors, a hub id minillm knows, or --random-size")
+            raise FileNotFoundError(
+                f"{path} is not a checkpoint directory (no config.json): pass --model DIR "
+                "with config.json and *.safetensors, a hub id minillm knows, or --random-size"
+            )
         yield path, "default" if model is None else model_name(model, path)
         return
     with tempfile.TemporaryDirectory(prefix=f"minillm-bench-{random_size}-") as tmp:

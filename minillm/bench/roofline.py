@@ -5,6 +5,7 @@ memory bandwidth, so its ceiling is bandwidth / bytes per token. At batch B the 
 and the step becomes bound by matmul FLOP/s (2 FLOPs per parameter per token). The tool measures both ceilings
 here: streaming an array far larger than the last-level cache, and a large fp32 matmul.
 """
+
 import time
 
 import torch
@@ -40,11 +41,14 @@ def memory_bandwidth(nbytes: int = 2**30, repeats: int = 5, device: str = "cpu")
     matrix is a packed weight, in 2 MiB pages, as the engine's are."""
     a = torch.ones(nbytes // 4, device=device)
     b = torch.empty_like(a)
-    result = dict(array_bytes=nbytes, read_gb_s=nbytes / best_seconds(a.sum, repeats, device) / 1e9,
-                  copy_gb_s=2 * nbytes / best_seconds(lambda: b.copy_(a), repeats, device) / 1e9)
+    result = dict(
+        array_bytes=nbytes,
+        read_gb_s=nbytes / best_seconds(a.sum, repeats, device) / 1e9,
+        copy_gb_s=2 * nbytes / best_seconds(lambda: b.copy_(a), repeats, device) / 1e9,
+    )
     if a.is_cpu and cpu_kernels():
         out = nbytes // 4 // 4096
-        w, packed = a[:out * 4096].view(out, 4096), empty_packed(out, 4096).fill_(1.0)
+        w, packed = a[: out * 4096].view(out, 4096), empty_packed(out, 4096).fill_(1.0)
         x = torch.ones(1, 4096)
         result["matvec_gb_s"] = packed.numel() * 4 / best_seconds(lambda: linear_cpu(x, w, None, packed), repeats) / 1e9
     return result | dict(gb_s=max(v for name, v in result.items() if name.endswith("_gb_s")))
@@ -75,8 +79,13 @@ def decode_rate(models: Models, batch: int, pool: list[int], args) -> dict:
     for r in range(getattr(args, "repeats", 1)):
         workload = workloads.fixed(batch, args.input_len, args.output_len, pool, workloads.round_seed(args.seed, r))
         decode = run_minillm(models, workload, warmup, args, models.compiled_engine).info["breakdown"]["decode"]
-        runs.append(dict(batch_size=batch, decode_step_ms=decode["mean_step_ms"],
-                         tokens_per_second=decode["mean_batch_size"] / decode["mean_step_ms"] * 1000))
+        runs.append(
+            dict(
+                batch_size=batch,
+                decode_step_ms=decode["mean_step_ms"],
+                tokens_per_second=decode["mean_batch_size"] / decode["mean_step_ms"] * 1000,
+            )
+        )
     best = max(runs, key=lambda run: run["tokens_per_second"])
     return best | (dict(rounds_tokens_per_second=[run["tokens_per_second"] for run in runs]) if len(runs) > 1 else {})
 
@@ -90,28 +99,37 @@ def run(path, engine_options: dict, pool: list[int], args) -> dict:
     matmul = matmul_flops(8192 if cuda else 2048, device=args.device, dtype=dtype)
     matvec = f", {bandwidth['matvec_gb_s']:.1f} GB/s matrix-vector" if "matvec_gb_s" in bandwidth else ""
     packed = f", {matmul['packed_flops'] / 1e9:.1f} packed" if "packed_flops" in matmul else ""
-    print(f"memory bandwidth: {bandwidth['read_gb_s']:.1f} GB/s sum, {bandwidth['copy_gb_s']:.1f} GB/s copy{matvec} "
-          f"({bandwidth['array_bytes'] / 2**30:.2f} GiB array); {str(dtype)[6:]} matmul: {matmul['mm_flops'] / 1e9:.1f} GFLOP/s "
-          f"torch.mm{packed}")
+    print(
+        f"memory bandwidth: {bandwidth['read_gb_s']:.1f} GB/s sum, {bandwidth['copy_gb_s']:.1f} GB/s copy{matvec} "
+        f"({bandwidth['array_bytes'] / 2**30:.2f} GiB array); {str(dtype)[6:]} matmul: {matmul['mm_flops'] / 1e9:.1f} GFLOP/s "
+        f"torch.mm{packed}"
+    )
     params = num_parameters(path)
     weight_bytes = params * dtype.itemsize
     # batch 1: each token reads every weight and its request's KV cache, on average half-way through the output
     kv_bytes = (args.input_len + args.output_len / 2) * kv_cache_bytes_per_token(config, dtype)
     models = Models(path, engine_options)
     one = decode_rate(models, 1, pool, args)
-    one |= dict(weight_bytes_per_token=weight_bytes, kv_bytes_per_token=kv_bytes,
-                achieved_gb_s=(weight_bytes + kv_bytes) * one["tokens_per_second"] / 1e9)
+    one |= dict(
+        weight_bytes_per_token=weight_bytes,
+        kv_bytes_per_token=kv_bytes,
+        achieved_gb_s=(weight_bytes + kv_bytes) * one["tokens_per_second"] / 1e9,
+    )
     one["fraction_of_bandwidth"] = one["achieved_gb_s"] / bandwidth["gb_s"]
     many = decode_rate(models, args.roofline_batch, pool, args)
     many |= dict(flops_per_token=2 * params, flops=2 * params * many["tokens_per_second"])
     many["fraction_of_matmul_flops"] = many["flops"] / matmul["flops"]
     best_of = f", the fastest of {args.repeats} runs each" if getattr(args, "repeats", 1) > 1 else ""
-    print(f"decode steps compiled per bucket{best_of}\nbatch-1 decode: {one['tokens_per_second']:.1f} tok/s x {(weight_bytes + kv_bytes) / 1e6:.1f} MB/token "
-          f"= {one['achieved_gb_s']:.1f} GB/s, {one['fraction_of_bandwidth']:.0%} of the measured bandwidth\n"
-          f"batch-{args.roofline_batch} decode: {many['tokens_per_second']:.1f} tok/s x 2 x {params / 1e6:.1f}M "
-          f"parameters = {many['flops'] / 1e9:.1f} GFLOP/s, {many['fraction_of_matmul_flops']:.0%} of the matmul's")
-    record = dict(roofline=dict(memory_bandwidth=bandwidth, matmul=matmul, num_parameters=params,
-                                batch_1=one, batched=many))
+    print(
+        f"decode steps compiled per bucket{best_of}\n"
+        f"batch-1 decode: {one['tokens_per_second']:.1f} tok/s x {(weight_bytes + kv_bytes) / 1e6:.1f} MB/token "
+        f"= {one['achieved_gb_s']:.1f} GB/s, {one['fraction_of_bandwidth']:.0%} of the measured bandwidth\n"
+        f"batch-{args.roofline_batch} decode: {many['tokens_per_second']:.1f} tok/s x 2 x {params / 1e6:.1f}M "
+        f"parameters = {many['flops'] / 1e9:.1f} GFLOP/s, {many['fraction_of_matmul_flops']:.0%} of the matmul's"
+    )
+    record = dict(
+        roofline=dict(memory_bandwidth=bandwidth, matmul=matmul, num_parameters=params, batch_1=one, batched=many)
+    )
     if getattr(args, "peer", None) == "llama-cpp":  # a warm-up prompt, then 5: medians of 5
         prompts = workloads.fixed(6, args.input_len, args.output_len, pool, args.seed + 2).prompts
         record |= llamacpp.compare(path, models.compiled_engine, prompts, args.output_len)

@@ -6,6 +6,7 @@ has come before each step (continuous batching lets it join the running batch); 
 the batch in flight to finish, then takes up to --static-batch-size arrived requests. Both sleep when idle
 until the next arrival. Sweeping the rate shows where each one's latency starts to climb.
 """
+
 import math
 import time
 
@@ -44,8 +45,11 @@ def serve_minillm(engine: LLMEngine, workload: Workload, arrivals: list[float], 
         finished = sum(seq.is_finished for seq in engine.step()[0])
         if bar is not None:
             bar.update(finished)
-    return Run(max(seq.finish_time for seq in seqs) - start, [seq.completion_token_ids for seq in seqs],
-               [(seq.arrival_time, seq.first_token_time, seq.finish_time) for seq in seqs])
+    return Run(
+        max(seq.finish_time for seq in seqs) - start,
+        [seq.completion_token_ids for seq in seqs],
+        [(seq.arrival_time, seq.first_token_time, seq.finish_time) for seq in seqs],
+    )
 
 
 def serve_static(engine: LLMEngine, workload: Workload, arrivals: list[float], batch_size: int, bar=None) -> Run:
@@ -63,8 +67,11 @@ def serve_static(engine: LLMEngine, workload: Workload, arrivals: list[float], b
         seqs += batch
         if bar is not None:
             bar.update(len(batch))
-    return Run(max(seq.finish_time for seq in seqs) - start, [seq.completion_token_ids for seq in seqs],
-               [(seq.arrival_time, seq.first_token_time, seq.finish_time) for seq in seqs])
+    return Run(
+        max(seq.finish_time for seq in seqs) - start,
+        [seq.completion_token_ids for seq in seqs],
+        [(seq.arrival_time, seq.first_token_time, seq.finish_time) for seq in seqs],
+    )
 
 
 def run(path, engine_options: dict, workload: Workload, warmup: Workload, args) -> dict:
@@ -75,15 +82,18 @@ def run(path, engine_options: dict, workload: Workload, warmup: Workload, args) 
     batch_size = args.static_batch_size or engine.config.max_num_seqs
     engine.generate(warmup.prompts, greedy(warmup.output_lens), use_tqdm=False)
     generate_static(engine, warmup.prompts, greedy(warmup.output_lens), batch_size)
-    backends = {"minillm": lambda arrivals, bar: serve_minillm(engine, workload, arrivals, bar),
-                "minillm-static": lambda arrivals, bar: serve_static(engine, workload, arrivals, batch_size, bar)}
+    backends = {
+        "minillm": lambda arrivals, bar: serve_minillm(engine, workload, arrivals, bar),
+        "minillm-static": lambda arrivals, bar: serve_static(engine, workload, arrivals, batch_size, bar),
+    }
     results = {name: [] for name in backends}
     for rate in args.serve_rates:
         arrivals = poisson_arrivals(len(workload), rate, args.seed)
         for name, serve in backends.items():
             with progress(len(workload), f"{name} at {rate} req/s", "req") as bar:
                 r = serve(arrivals, bar)
-            results[name].append(dict(request_rate=rate, **throughput(workload, r.elapsed),
-                                      **latency(r.times, workload.output_lens)))
+            results[name].append(
+                dict(request_rate=rate, **throughput(workload, r.elapsed), **latency(r.times, workload.output_lens))
+            )
             print(f"{name} at {rate:g} req/s: median end-to-end latency {results[name][-1]['median_e2el_ms']:.0f} ms")
     return dict(serving=dict(request_rates=args.serve_rates, static_batch_size=batch_size, results=results))

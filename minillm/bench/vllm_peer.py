@@ -15,6 +15,7 @@ max_position_embeddings, and the same number of threads: VLLM_CPU_OMP_THREADS_BI
 this process may run on (vLLM then sets OMP_NUM_THREADS to their count; its "auto" default would keep one core
 of two for its scheduler process). vLLM keeps its own defaults otherwise (its block size, torch.compile).
 """
+
 import json
 import os
 import shutil
@@ -90,13 +91,18 @@ def vllm_checkpoint(path: Path) -> Iterator[tuple[Path, str | None]]:
 
 def engine_settings(models: Models, checkpoint: Path, max_model_len: int) -> dict:
     """vLLM's LLM(...) arguments, matching minillm's engine (see the module's docstring)."""
-    return dict(model=str(checkpoint), dtype="float32", max_model_len=max_model_len,
-                max_num_seqs=models.engine_option("max_num_seqs"),
-                max_num_batched_tokens=models.engine_option("max_num_batched_tokens"),
-                kv_cache_memory_bytes=models.engine_option("kvcache_memory_bytes"),
-                enable_prefix_caching=models.engine_option("enable_prefix_caching"),
-                skip_tokenizer_init=bool(models.engine_option("skip_tokenizer_init")),
-                seed=0, disable_log_stats=False)  # stats on: each request's first/last token times
+    return dict(
+        model=str(checkpoint),
+        dtype="float32",
+        max_model_len=max_model_len,
+        max_num_seqs=models.engine_option("max_num_seqs"),
+        max_num_batched_tokens=models.engine_option("max_num_batched_tokens"),
+        kv_cache_memory_bytes=models.engine_option("kvcache_memory_bytes"),
+        enable_prefix_caching=models.engine_option("enable_prefix_caching"),
+        skip_tokenizer_init=bool(models.engine_option("skip_tokenizer_init")),
+        seed=0,
+        disable_log_stats=False,
+    )  # stats on: each request's first/last token times
 
 
 def workload_json(workload: Workload) -> dict:
@@ -107,8 +113,13 @@ def environment(threads: int) -> dict:
     """The subprocess's environment: ours, with vLLM's thread binding, no KV cache size in GiB (the request has
     it in bytes), and no hub access (the checkpoint is a local directory)."""
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_CPU_KVCACHE_SPACE", "OMP_NUM_THREADS")}
-    return env | dict(VLLM_CPU_OMP_THREADS_BIND=cpu_bind(threads), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                      VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    return env | dict(
+        VLLM_CPU_OMP_THREADS_BIND=cpu_bind(threads),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+    )
 
 
 def die_with_parent() -> None:
@@ -127,9 +138,15 @@ def run_subprocess(argv: list[str], env: dict, log: Path, timeout: float) -> int
     """Run argv with its output (vLLM logs plenty) into log; its exit status."""
     with open(log, "w") as out:
         try:
-            return subprocess.run(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  timeout=timeout, preexec_fn=die_with_parent if sys.platform == "linux" else None
-                                  ).returncode
+            return subprocess.run(
+                argv,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                timeout=timeout,
+                preexec_fn=die_with_parent if sys.platform == "linux" else None,
+            ).returncode
         except subprocess.TimeoutExpired:
             out.write(f"\n[minillm.bench: killed after {timeout:.0f} s]\n")
             return -9
@@ -142,8 +159,15 @@ def tail(log: Path, lines: int = 25) -> str:
         return "(no log)"
 
 
-def run(models: Models, rounds: list[Workload], warmup: Workload, threads: int, venv: Path,
-        runner: Callable[[list[str], dict, Path, float], int] | None = None, timeout: float = TIMEOUT) -> list[Run]:
+def run(
+    models: Models,
+    rounds: list[Workload],
+    warmup: Workload,
+    threads: int,
+    venv: Path,
+    runner: Callable[[list[str], dict, Path, float], int] | None = None,
+    timeout: float = TIMEOUT,
+) -> list[Run]:
     """vLLM on each round's workload (one start-up, one warm-up): a Run per round, with vLLM's facts in its
     info. runner(argv, env, log, timeout) -> exit status runs the subprocess (default run_subprocess; tests pass
     a fake). PeerFailed when no result comes back."""
@@ -153,30 +177,46 @@ def run(models: Models, rounds: list[Workload], warmup: Workload, threads: int, 
     request_path, result_path, log = work / "request.json", work / "result.json", work / "vllm.log"
     with vllm_checkpoint(models.path) as (checkpoint, dropped):
         engine = engine_settings(models, checkpoint, max_model_len)
-        request_path.write_text(json.dumps(dict(engine=engine, warmup=workload_json(warmup),
-                                                rounds=[workload_json(w) for w in rounds])))
+        request_path.write_text(
+            json.dumps(dict(engine=engine, warmup=workload_json(warmup), rounds=[workload_json(w) for w in rounds]))
+        )
         argv = [str(python_of(venv)), "-I", str(RUNNER), str(request_path), str(result_path)]
         env = environment(threads)
-        print(f"vllm: starting vLLM in {venv} ({threads} threads, CPUs {env['VLLM_CPU_OMP_THREADS_BIND']}; "
-              "start-up 25-80 s, not timed) ...", flush=True)
+        print(
+            f"vllm: starting vLLM in {venv} ({threads} threads, CPUs {env['VLLM_CPU_OMP_THREADS_BIND']}; "
+            "start-up 25-80 s, not timed) ...",
+            flush=True,
+        )
         start = time.perf_counter()
         status = runner(argv, env, log, timeout)
         wall = time.perf_counter() - start
     if status != 0 or not result_path.is_file():
-        raise PeerFailed(f"vLLM's subprocess exited with status {status} after {wall:.0f} s and wrote no result "
-                         f"(request and log kept in {work}); the end of its log:\n{tail(log)}")
+        raise PeerFailed(
+            f"vLLM's subprocess exited with status {status} after {wall:.0f} s and wrote no result "
+            f"(request and log kept in {work}); the end of its log:\n{tail(log)}"
+        )
     result = json.loads(result_path.read_text())
     if len(result["rounds"]) != len(rounds):
         raise PeerFailed(f"vLLM returned {len(result['rounds'])} rounds for {len(rounds)} (files kept in {work})")
     shutil.rmtree(work, ignore_errors=True)
-    info = dict(vllm_version=result.get("vllm_version"), vllm_torch=result.get("torch_version"),
-                startup_seconds=result.get("startup_seconds"), warmup_seconds=result.get("warmup_seconds"),
-                subprocess_seconds=wall, threads=threads, cpu_bind=env["VLLM_CPU_OMP_THREADS_BIND"],
-                kv_cache_memory_bytes=engine["kv_cache_memory_bytes"], max_model_len=max_model_len,
-                max_num_seqs=engine["max_num_seqs"], max_num_batched_tokens=engine["max_num_batched_tokens"],
-                dropped_quantization_config=dropped)
-    return [Run(r["elapsed"], r["token_ids"], [tuple(t) for t in r["times"]] if r.get("times") else None, dict(info))
-            for r in result["rounds"]]
+    info = dict(
+        vllm_version=result.get("vllm_version"),
+        vllm_torch=result.get("torch_version"),
+        startup_seconds=result.get("startup_seconds"),
+        warmup_seconds=result.get("warmup_seconds"),
+        subprocess_seconds=wall,
+        threads=threads,
+        cpu_bind=env["VLLM_CPU_OMP_THREADS_BIND"],
+        kv_cache_memory_bytes=engine["kv_cache_memory_bytes"],
+        max_model_len=max_model_len,
+        max_num_seqs=engine["max_num_seqs"],
+        max_num_batched_tokens=engine["max_num_batched_tokens"],
+        dropped_quantization_config=dropped,
+    )
+    return [
+        Run(r["elapsed"], r["token_ids"], [tuple(t) for t in r["times"]] if r.get("times") else None, dict(info))
+        for r in result["rounds"]
+    ]
 
 
 def default_threads(args) -> int:

@@ -10,6 +10,7 @@ minillm's backend does. It writes the generated token ids, each round's seconds 
 each request's TTFT and decode time. Only the standard library and vLLM are imported: minillm is not installed
 in that environment. The engine core runs in a spawned process, hence the `__main__` guard.
 """
+
 import json
 import os
 import sys
@@ -56,12 +57,22 @@ def main(request_path: str, result_path: str) -> None:
     for workload in request["rounds"]:
         outputs, elapsed = generate(llm, workload, detokenize)
         times = [request_times(out) for out in outputs]
-        rounds.append(dict(elapsed=elapsed, token_ids=[list(out.outputs[0].token_ids) for out in outputs],
-                           times=None if None in times else times))
-    result = dict(rounds=rounds, startup_seconds=startup, warmup_seconds=warmup_seconds,
-                  vllm_version=vllm.__version__, torch_version=torch.__version__,
-                  torch_threads=torch.get_num_threads(),
-                  env={k: v for k, v in os.environ.items() if k.startswith(("VLLM_CPU", "OMP_"))})
+        rounds.append(
+            dict(
+                elapsed=elapsed,
+                token_ids=[list(out.outputs[0].token_ids) for out in outputs],
+                times=None if None in times else times,
+            )
+        )
+    result = dict(
+        rounds=rounds,
+        startup_seconds=startup,
+        warmup_seconds=warmup_seconds,
+        vllm_version=vllm.__version__,
+        torch_version=torch.__version__,
+        torch_threads=torch.get_num_threads(),
+        env={k: v for k, v in os.environ.items() if k.startswith(("VLLM_CPU", "OMP_"))},
+    )
     tmp = result_path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(result, f)

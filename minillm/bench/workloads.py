@@ -4,6 +4,7 @@ Every request runs with ignore_eos, so output_lens[i] is what request i produces
 throughput compares like with like. Prompts are drawn from a pool of ordinary token ids (no EOS, BOS or
 padding), so no backend treats a prompt token specially.
 """
+
 import random
 from dataclasses import dataclass
 
@@ -48,8 +49,14 @@ def fixed(num_prompts: int, input_len: int, output_len: int, pool: list[int], se
     return Workload([rng.choices(pool, k=input_len) for _ in range(num_prompts)], [output_len] * num_prompts)
 
 
-def mixed(num_prompts: int, input_range: tuple[int, int], output_range: tuple[int, int], pool: list[int],
-          seed: int = 0, token_seed: int | None = None) -> Workload:
+def mixed(
+    num_prompts: int,
+    input_range: tuple[int, int],
+    output_range: tuple[int, int],
+    pool: list[int],
+    seed: int = 0,
+    token_seed: int | None = None,
+) -> Workload:
     """Prompt and output lengths drawn uniformly from [min, max] (inclusive): the case static batching wastes
     most on, since a padded batch runs to its longest request. The lengths come from seed; the prompts' tokens
     too, or from token_seed when given (the same lengths with other prompts)."""
@@ -60,8 +67,9 @@ def mixed(num_prompts: int, input_range: tuple[int, int], output_range: tuple[in
     return Workload([tokens.choices(pool, k=n) for n in input_lens], output_lens)
 
 
-def shared_prefix(num_prompts: int, prefix_len: int, suffix_len: int, output_len: int, pool: list[int],
-                  seed: int = 0) -> Workload:
+def shared_prefix(
+    num_prompts: int, prefix_len: int, suffix_len: int, output_len: int, pool: list[int], seed: int = 0
+) -> Workload:
     """One common preamble of prefix_len tokens, then suffix_len tokens of each request's own (a system prompt
     or few-shot examples followed by the question): what a prefix cache saves."""
     rng = random.Random(seed)

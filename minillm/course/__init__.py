@@ -21,6 +21,7 @@ replaced by `raise NotImplementedError`) and solutions/exNN_<topic>.py (the bodi
 The course folders (exercises/, solutions/, notebooks/, tests/) are found from the working directory, so
 minillm may be installed editable or not; `course_root()` says where they are (see minillm.course.root).
 """
+
 from pathlib import Path
 
 from minillm.course.root import CourseNotFound, course_root
@@ -66,5 +67,18 @@ from minillm.course.impl import load_impl, use_impl  # noqa: E402
 from minillm.course.show import show, show_cpp  # noqa: E402
 from minillm.course.widgets import interact  # noqa: E402
 
-__all__ = ["CHAPTERS", "CourseNotFound", "Hints", "check_environment", "course_root", "engine_map",
-           "exercise_file", "interact", "load_impl", "notebook_file", "show", "show_cpp", "use_impl"]
+__all__ = [
+    "CHAPTERS",
+    "CourseNotFound",
+    "Hints",
+    "check_environment",
+    "course_root",
+    "engine_map",
+    "exercise_file",
+    "interact",
+    "load_impl",
+    "notebook_file",
+    "show",
+    "show_cpp",
+    "use_impl",
+]

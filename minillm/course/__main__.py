@@ -8,6 +8,7 @@
 
 build, grade and notebooks work on the course folder you run them in (or below); --root DIR names another.
 """
+
 import argparse
 import os
 import sys
@@ -16,11 +17,13 @@ from minillm.course.root import ENV, CourseNotFound
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m minillm.course", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m minillm.course", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     where = argparse.ArgumentParser(add_help=False)
-    where.add_argument("--root", metavar="DIR", help=f"the course folder (default: found from the working "
-                                                     f"directory, or ${ENV})")
+    where.add_argument(
+        "--root", metavar="DIR", help=f"the course folder (default: found from the working directory, or ${ENV})"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     build = commands.add_parser("build", parents=[where], help="write exercises/exNN_*.py and solutions/exNN_*.py")
     build.add_argument("--check", action="store_true", help="write nothing; fail if a file is out of date")
@@ -30,8 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     grade.add_argument("--impl", choices=("exercises", "solutions"), default="exercises")
     hint = commands.add_parser("hint", help="a hint for an exercise, more precise at each level")
     hint.add_argument("exercise", metavar="NN.k", help="the exercise, e.g. 05.4")
-    hint.add_argument("--level", type=int, default=1, help="show hints 1 to LEVEL (1 approach, 2 key operation, "
-                                                           "3 shapes and pitfalls; default 1)")
+    hint.add_argument(
+        "--level",
+        type=int,
+        default=1,
+        help="show hints 1 to LEVEL (1 approach, 2 key operation, 3 shapes and pitfalls; default 1)",
+    )
     notebooks = commands.add_parser("notebooks", parents=[where], help="execute the notebooks headless")
     notebooks.add_argument("chapters", nargs="*", help="chapter numbers (default: every notebook)")
     notebooks.add_argument("--inplace", action="store_true", help="save the outputs into the notebooks")

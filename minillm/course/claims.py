@@ -15,6 +15,7 @@ The value is a `Claim`: a str that a notebook shows as Markdown when it ends a c
 `find_claims(markdown)` is the other side: the hard-coded measured figures a notebook's Markdown holds
 (tests/test_notebook_claims.py runs it over every notebook, with an allow-list for constants).
 """
+
 import re
 from dataclasses import dataclass
 
@@ -40,15 +41,25 @@ def ratio_text(baseline: float, candidate: float, lower_is_better: bool = True, 
     return f"{speedup(baseline, candidate, lower_is_better):.{digits}f}x"
 
 
-def direction(ratio: float, same_within: float = SAME_WITHIN,
-              words: tuple[str, str, str] = ("faster", "slower", "about the same")) -> str:
+def direction(
+    ratio: float, same_within: float = SAME_WITHIN, words: tuple[str, str, str] = ("faster", "slower", "about the same")
+) -> str:
     """words[0] for a speedup above 1 + same_within, words[1] below 1 - same_within, else words[2]."""
     return words[2] if abs(ratio - 1) <= same_within else words[0] if ratio > 1 else words[1]
 
 
-def verdict(baseline: float, candidate: float, subject: str, *, than: str = "", where: str = "here",
-            verb: str = "are", lower_is_better: bool = True, same_within: float = SAME_WITHIN,
-            digits: int = 2) -> Claim:
+def verdict(
+    baseline: float,
+    candidate: float,
+    subject: str,
+    *,
+    than: str = "",
+    where: str = "here",
+    verb: str = "are",
+    lower_is_better: bool = True,
+    same_within: float = SAME_WITHIN,
+    digits: int = 2,
+) -> Claim:
     """The measured comparison of `candidate` with `baseline`, as a sentence about `subject`.
 
     baseline, candidate: two measurements of the same thing, both > 0; times by default (lower is better), or
@@ -69,8 +80,18 @@ def verdict(baseline: float, candidate: float, subject: str, *, than: str = "", 
     return Claim(f"{subject} {verb} {text}{against}{' ' + where if where else ''}")
 
 
-def verdict_range(baselines, candidates, subject: str, *, than: str = "", where: str = "here", verb: str = "are",
-                  lower_is_better: bool = True, same_within: float = SAME_WITHIN, digits: int = 2) -> Claim:
+def verdict_range(
+    baselines,
+    candidates,
+    subject: str,
+    *,
+    than: str = "",
+    where: str = "here",
+    verb: str = "are",
+    lower_is_better: bool = True,
+    same_within: float = SAME_WITHIN,
+    digits: int = 2,
+) -> Claim:
     """verdict over several paired measurements (one per batch size, say): the range of the speedups, and
     whether they all went one way ("1.37x to 2.43x faster"), or not ("0.92x to 1.40x: faster at some, slower
     at others")."""
@@ -85,10 +106,13 @@ def verdict_range(baselines, candidates, subject: str, *, than: str = "", where:
     elif len(words) == 1:
         text = f"{span}: {words.pop()}{against}"
     else:
-        text = (f"{span}{(' against ' + than) if than else ''}: "
-                + ("faster at some, slower at others" if {"faster", "slower"} <= words
-                   else "faster at some, about the same at others" if "faster" in words
-                   else "slower at some, about the same at others"))
+        text = f"{span}{(' against ' + than) if than else ''}: " + (
+            "faster at some, slower at others"
+            if {"faster", "slower"} <= words
+            else "faster at some, about the same at others"
+            if "faster" in words
+            else "slower at some, about the same at others"
+        )
     return Claim(f"{subject} {verb} {text}{' ' + where if where else ''}")
 
 
@@ -103,9 +127,11 @@ PATTERNS = {
     "times": rf"{NUMBER}\s+times\s+(?:faster|slower|more|fewer|less|larger|smaller|the|as)\b",
 }
 # a direction stated about this machine's measurement, with no number: "no faster here", "slower on this CPU"
-DIRECTION = (r"\b(?:faster|slower|wins?|loses?|lose|outweighs?|pays? (?:off|back))\b[^.;:()]{0,40}?"
-             r"\b(?:here|on this (?:CPU|machine|laptop))\b"
-             r"|\b(?:here|on this (?:CPU|machine|laptop))\b[^.;:()]{0,40}?\b(?:faster|slower|wins?|loses?|lose)\b")
+DIRECTION = (
+    r"\b(?:faster|slower|wins?|loses?|lose|outweighs?|pays? (?:off|back))\b[^.;:()]{0,40}?"
+    r"\b(?:here|on this (?:CPU|machine|laptop))\b"
+    r"|\b(?:here|on this (?:CPU|machine|laptop))\b[^.;:()]{0,40}?\b(?:faster|slower|wins?|loses?|lose)\b"
+)
 PATTERNS["direction"] = DIRECTION
 QUESTION = re.compile(r"\b(?:whether|which|printed|prints|verdict)\b", re.I)  # a direction asked, not stated
 FENCED = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
@@ -138,7 +164,7 @@ def find_claims(markdown: str) -> list[Finding]:
     for line in prose(markdown).splitlines():
         for kind, pattern in PATTERNS.items():
             for m in re.finditer(pattern, line):
-                if kind == "direction" and QUESTION.search(line[max(0, m.start() - 50):m.end()]):
+                if kind == "direction" and QUESTION.search(line[max(0, m.start() - 50) : m.end()]):
                     continue  # "whether two ranks are faster here", "printed which is faster here": no claim
                 found.append(Finding(kind, m.group(0).strip(), line.strip()))
     return found

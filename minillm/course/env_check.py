@@ -3,6 +3,7 @@
 In the spirit of rasbt's python_environment_check.py: one line per check, [OK] or [FAIL] with what to do.
 The required versions are the ones minillm's pyproject.toml declares (read from the installed metadata).
 """
+
 import importlib.metadata as md
 import os
 import platform
@@ -52,10 +53,14 @@ def _device():
 
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        return True, (f"device: CUDA, {torch.cuda.device_count()} × {props.name} "
-                      f"({props.total_memory / 2**30:.0f} GiB); the engine uses bf16, CUDA graphs and Triton kernels")
-    return True, (f"device: CPU, {os.cpu_count()} cores, torch uses {torch.get_num_threads()} threads; the engine "
-                  "runs in fp32 and the GPU-only steps are explained instead of run")
+        return True, (
+            f"device: CUDA, {torch.cuda.device_count()} × {props.name} "
+            f"({props.total_memory / 2**30:.0f} GiB); the engine uses bf16, CUDA graphs and Triton kernels"
+        )
+    return True, (
+        f"device: CPU, {os.cpu_count()} cores, torch uses {torch.get_num_threads()} threads; the engine "
+        "runs in fp32 and the GPU-only steps are explained instead of run"
+    )
 
 
 def _default_model():
@@ -69,12 +74,16 @@ def _default_model():
     missing = [f for f in ("config.json", "tokenizer.json") if not (path / f).exists()]
     missing += [] if list(path.glob("*.safetensors")) else ["*.safetensors"]
     if missing:
-        return False, (f"default model: {where} has no {', '.join(missing)} yet. It ships with minillm; "
-                       "`python scripts/build_default_model.py` builds it")
+        return False, (
+            f"default model: {where} has no {', '.join(missing)} yet. It ships with minillm; "
+            "`python scripts/build_default_model.py` builds it"
+        )
     start = time.perf_counter()
     model, tokenizer = build_model(path), Tokenizer(path)
     prompt = "Once upon a time"
     story = tokenizer.decode(list(generate_naive(model, tokenizer.encode(prompt), 12)))
     size = sum(p.numel() for p in model.parameters())
-    return True, (f"default model: {model.config.architecture}, {size / 1e6:.1f} M parameters, loaded and ran in "
-                  f"{time.perf_counter() - start:.1f} s: {prompt!r} → {story!r}")
+    return True, (
+        f"default model: {model.config.architecture}, {size / 1e6:.1f} M parameters, loaded and ran in "
+        f"{time.perf_counter() - start:.1f} s: {prompt!r} → {story!r}"
+    )

@@ -4,6 +4,7 @@
 
 The map is one picture for the whole course, so a student sees each new piece land in the same place.
 """
+
 # (row, label, chapter): row 0 is the model (one forward pass), row 1 the engine (serving many requests),
 # row 2 the accelerations. Left to right in each row is the order data flows through them.
 PIECES = [
@@ -47,16 +48,36 @@ def engine_map(chapter: str, figsize: tuple[float, float] = (9.5, 3.6)):
         for i, (_, label, ch) in enumerate(pieces):
             x = 0.05 + i * width
             face = HERE if ch == chapter else DONE if ch < chapter else LATER
-            ax.add_patch(FancyBboxPatch((x + 0.03, y - 0.3), width - 0.12, 0.75, boxstyle="round,pad=0.02",
-                                        facecolor=face, edgecolor="0.3", lw=1.6 if ch == chapter else 0.8,
-                                        linestyle="-" if ch <= chapter else "--"))
-            ax.text(x + width / 2 - 0.03, y + 0.07, label, ha="center", va="center", fontsize=7.5,
-                    weight="bold" if ch == chapter else "normal")
+            ax.add_patch(
+                FancyBboxPatch(
+                    (x + 0.03, y - 0.3),
+                    width - 0.12,
+                    0.75,
+                    boxstyle="round,pad=0.02",
+                    facecolor=face,
+                    edgecolor="0.3",
+                    lw=1.6 if ch == chapter else 0.8,
+                    linestyle="-" if ch <= chapter else "--",
+                )
+            )
+            ax.text(
+                x + width / 2 - 0.03,
+                y + 0.07,
+                label,
+                ha="center",
+                va="center",
+                fontsize=7.5,
+                weight="bold" if ch == chapter else "normal",
+            )
             ax.text(x + width - 0.12, y + 0.38, ch, ha="right", va="center", fontsize=6.5, color="0.4")
             if i and row < 2:
                 ax.annotate("", (x + 0.03, y + 0.07), (x - 0.09, y + 0.07), arrowprops=dict(arrowstyle="->", lw=0.8))
     here = any(ch == chapter for _, _, ch in PIECES)
-    ax.set_title(f"You are here: chapter {chapter} (orange); blue = built in earlier chapters" if here else
-                 "The engine this course builds, one box per piece (its chapter in the corner)", fontsize=9)
+    ax.set_title(
+        f"You are here: chapter {chapter} (orange); blue = built in earlier chapters"
+        if here
+        else "The engine this course builds, one box per piece (its chapter in the corner)",
+        fontsize=9,
+    )
     fig.tight_layout()
     return fig

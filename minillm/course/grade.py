@@ -4,6 +4,7 @@ Each exercise test carries `@pytest.mark.exercise("NN.k")`; the scoreboard has o
 all of its tests pass, otherwise FAIL with the first failing test and the first line of what went wrong.
 `grade 05.4` runs only exercise 05.4's tests (the pytest plugin's `--exercise` option), `grade 05` a chapter's.
 """
+
 import contextlib
 import io
 from dataclasses import dataclass
@@ -36,8 +37,9 @@ class Recorder:
         crash = getattr(report.longrepr, "reprcrash", None)
         message = crash.message if crash else report.longrepr[2] if report.skipped else str(report.longrepr or "")
         exercise = dict(report.user_properties).get("exercise")
-        self.results[report.nodeid] = Result(report.nodeid.partition("::")[2], exercise, report.outcome,
-                                             message.strip().partition("\n")[0])
+        self.results[report.nodeid] = Result(
+            report.nodeid.partition("::")[2], exercise, report.outcome, message.strip().partition("\n")[0]
+        )
 
     def pytest_collectreport(self, report):
         if report.failed:
@@ -51,8 +53,16 @@ class Recorder:
 def run(chapters: list[str], impl: str = "exercises", exercise: str | None = None) -> tuple[list[Result], int, str]:
     """Run the tests of `chapters` (of one `exercise` only, if given) in this process; returns the results,
     pytest's exit code and its output."""
-    args = [str(course_root() / "tests" / "exercises"), "-m", " or ".join(f"ch{c}" for c in chapters),
-            f"--impl={impl}", "-q", "-p", "no:cacheprovider", *([f"--exercise={exercise}"] if exercise else [])]
+    args = [
+        str(course_root() / "tests" / "exercises"),
+        "-m",
+        " or ".join(f"ch{c}" for c in chapters),
+        f"--impl={impl}",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        *([f"--exercise={exercise}"] if exercise else []),
+    ]
     recorder, output = Recorder(), io.StringIO()
     with contextlib.redirect_stdout(output):  # the scoreboard replaces pytest's report
         code = pytest.main(args, plugins=[recorder])
@@ -93,8 +103,10 @@ def scoreboard(chapters: list[str], results: list[Result], impl: str = "exercise
         select = f"--exercise={exercise}" if exercise else f"-m '{' or '.join(f'ch{c}' for c in chapters)}'"
         lines.append(f"Details: pytest tests/exercises {select} --impl={impl}")
     if failing:
-        lines.append(f"Stuck on {failing[0]}? `python -m minillm.course hint {failing[0]}` gives a hint "
-                     "(--level 2 and 3 say more).")
+        lines.append(
+            f"Stuck on {failing[0]}? `python -m minillm.course hint {failing[0]}` gives a hint "
+            "(--level 2 and 3 say more)."
+        )
     return "\n".join(lines)
 
 

@@ -3,6 +3,7 @@
 Level 1 names the approach, level 2 the key operation, level 3 the shapes and the pitfalls the tests check.
 None of them is code: they name functions, attributes and shapes, and leave the writing to you.
 """
+
 import html
 import re
 import textwrap
@@ -407,11 +408,15 @@ def hint(which: str, level: int = 1) -> str:
     if id not in exercises:
         raise ValueError(f"There is no exercise {which}; the exercises are {', '.join(exercises)}.")
     if id not in HINTS:
-        raise ValueError(f"Exercise {id} has no hints yet; its docstring in "
-                         f"{exercise_file('exercises', id[:2], Path()).as_posix()} is the spec.")
+        raise ValueError(
+            f"Exercise {id} has no hints yet; its docstring in "
+            f"{exercise_file('exercises', id[:2], Path()).as_posix()} is the spec."
+        )
     if level not in range(1, len(LEVELS) + 1):
-        raise ValueError(f"There are hint levels 1, 2 and 3 (approach, key operation, shapes and pitfalls); "
-                         f"{level} is not one of them.")
+        raise ValueError(
+            f"There are hint levels 1, 2 and 3 (approach, key operation, shapes and pitfalls); "
+            f"{level} is not one of them."
+        )
     e = exercises[id]
     lines = [f"Exercise {id}: {e.qualname} ({e.task})", ""]
     for n in range(1, level + 1):
@@ -420,9 +425,11 @@ def hint(which: str, level: int = 1) -> str:
     if level < len(LEVELS):
         lines.append(f"More: python -m minillm.course hint {id} --level {level + 1}")
     else:
-        lines.append(f"That was the last hint. The spec is the docstring in "
-                     f"{exercise_file('exercises', id[:2], Path()).as_posix()}; "
-                     f"`python -m minillm.course grade {id}` names the first failing test.")
+        lines.append(
+            f"That was the last hint. The spec is the docstring in "
+            f"{exercise_file('exercises', id[:2], Path()).as_posix()}; "
+            f"`python -m minillm.course grade {id}` names the first failing test."
+        )
     return "\n".join(lines)
 
 
@@ -438,8 +445,11 @@ class Hints:
         return f"Hints for exercise {self.id}: python -m minillm.course hint {self.id} --level 1 (then 2, 3)"
 
     def _repr_html_(self) -> str:
-        folds = "".join(f"<details><summary>Hint {n} of {len(LEVELS)} for {self.id}: {LEVELS[n - 1]}</summary>"
-                        f"<p>{_code(text)}</p></details>" for n, text in enumerate(self.texts, 1))
+        folds = "".join(
+            f"<details><summary>Hint {n} of {len(LEVELS)} for {self.id}: {LEVELS[n - 1]}</summary>"
+            f"<p>{_code(text)}</p></details>"
+            for n, text in enumerate(self.texts, 1)
+        )
         return f"<div>{folds}</div>"
 
 

@@ -8,6 +8,7 @@ reference is back. How: a function is replaced on every minillm module that hold
 and any module that did `from … import` it), so callers that look it up by name at call time find yours. A
 method is set on its class, so every instance, existing or new, uses it.
 """
+
 import importlib
 import importlib.util
 import sys
@@ -52,8 +53,12 @@ def use_impl(impl: str | ModuleType, which: str):
             patches.append((cls, e.name, vars(cls)[e.name], replacement))
         else:
             reference = getattr(source, e.name)
-            patches += [(m, attr, reference, replacement) for m in _package_modules(e.module)
-                        for attr, value in list(vars(m).items()) if value is reference]
+            patches += [
+                (m, attr, reference, replacement)
+                for m in _package_modules(e.module)
+                for attr, value in list(vars(m).items())
+                if value is reference
+            ]
     try:
         for obj, attr, _, replacement in patches:
             setattr(obj, attr, replacement)

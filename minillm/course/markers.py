@@ -4,6 +4,7 @@ A region sits inside a top-level function or inside a method of a top-level clas
 markers are the reference body a student writes. Chapter NN is the exercise id's prefix. The markers are read
 from the minillm package that is imported, wherever it is installed.
 """
+
 import ast
 import re
 from dataclasses import dataclass
@@ -105,8 +106,12 @@ def _functions(tree: ast.Module):
 @cache
 def find_exercises() -> tuple[Exercise, ...]:
     """Every exercise in minillm (minillm/course itself excluded), ordered by id."""
-    found = [e for path in sorted(PACKAGE.rglob("*.py")) if "course" not in path.relative_to(PACKAGE).parts
-             for e in scan_file(path)]
+    found = [
+        e
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if "course" not in path.relative_to(PACKAGE).parts
+        for e in scan_file(path)
+    ]
     seen = {}
     for e in found:
         if e.id in seen:

@@ -4,6 +4,7 @@ A cell that is meant to fail (say, calling an exercise stub to show its message)
 `raises-exception`; any other error stops the run. The kernel is told where the course is (MINILLM_COURSE_ROOT),
 since it may run in a scratch folder outside it.
 """
+
 import os
 import tempfile
 import time
@@ -35,7 +36,10 @@ def execute(path: Path, cwd: Path, time_limit: float = TIME_LIMIT_S) -> nbformat
     nb = nbformat.read(path, as_version=4)
     deadline = time.monotonic() + time_limit
     NotebookClient(
-        nb, kernel_name=KERNEL, record_timing=False, resources={"metadata": {"path": str(cwd)}},
+        nb,
+        kernel_name=KERNEL,
+        record_timing=False,
+        resources={"metadata": {"path": str(cwd)}},
         timeout_func=lambda cell: max(1, int(deadline - time.monotonic())),  # what is left of the notebook's budget
     ).execute(env={**os.environ, ENV: str(course_root())})
     return nb

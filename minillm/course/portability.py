@@ -7,12 +7,15 @@
 - torch.compile's inductor (chapters 07, 08, 11) writes C++ and compiles it with OpenMP; on macOS Apple's clang
   has no OpenMP, so `inductor_note()` says what to install.
 """
+
 import importlib.util
 import platform
 
-LINUX_ONLY = ("Triton ships for Linux only, and this is {system}: chapter {chapter}'s kernels and exercises need "
-              "Linux (on Windows: WSL, the Windows Subsystem for Linux, with the course set up inside it). The "
-              "committed notebook shows the outputs of a Linux run; the other chapters run here.")
+LINUX_ONLY = (
+    "Triton ships for Linux only, and this is {system}: chapter {chapter}'s kernels and exercises need "
+    "Linux (on Windows: WSL, the Windows Subsystem for Linux, with the course set up inside it). The "
+    "committed notebook shows the outputs of a Linux run; the other chapters run here."
+)
 
 
 def system() -> str:
@@ -27,8 +30,9 @@ def triton_missing(chapter: str = "09") -> str | None:
     name = system()
     if name != "Linux":
         return LINUX_ONLY.format(system={"Darwin": "macOS"}.get(name, name or "an unknown system"), chapter=chapter)
-    return ("Triton is not installed in this environment: `make setup` installs it (pyproject.toml pins "
-            "triton for Linux).")
+    return (
+        "Triton is not installed in this environment: `make setup` installs it (pyproject.toml pins triton for Linux)."
+    )
 
 
 def skip_without_triton(chapter: str = "09", shell=None) -> None:
@@ -55,7 +59,9 @@ def inductor_note() -> str | None:
     """None where torch.compile's inductor can build its C++ as installed; on macOS what it needs (OpenMP)."""
     if system() != "Darwin":
         return None
-    return ("macOS: inductor compiles its C++ with OpenMP, which Apple's clang does not ship. Install it once, "
-            "with conda (`conda install -c conda-forge llvm-openmp`, in the course's environment) or Homebrew "
-            "(`brew install libomp`, then `export OMP_PREFIX=$(brew --prefix libomp)` before starting "
-            "JupyterLab); without it the first compile fails with \"'omp.h' file not found\".")
+    return (
+        "macOS: inductor compiles its C++ with OpenMP, which Apple's clang does not ship. Install it once, "
+        "with conda (`conda install -c conda-forge llvm-openmp`, in the course's environment) or Homebrew "
+        "(`brew install libomp`, then `export OMP_PREFIX=$(brew --prefix libomp)` before starting "
+        "JupyterLab); without it the first compile fails with \"'omp.h' file not found\"."
+    )

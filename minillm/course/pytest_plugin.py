@@ -10,6 +10,7 @@
   skipped with the reason (minillm.course.portability), not reported as an error; on Linux a missing Triton
   stays an error, since `make setup` installs it there.
 """
+
 import re
 
 import pytest
@@ -18,10 +19,19 @@ from minillm.course.impl import load_impl
 
 
 def pytest_addoption(parser):
-    parser.addoption("--impl", choices=("solutions", "exercises"), default="solutions",
-                     help="grade solutions/exNN_*.py (default) or the student's exercises/exNN_*.py")
-    parser.addoption("--exercise", action="append", default=[], metavar="NN.k",
-                     help="run only the tests of exercise NN.k (repeat it for several)")
+    parser.addoption(
+        "--impl",
+        choices=("solutions", "exercises"),
+        default="solutions",
+        help="grade solutions/exNN_*.py (default) or the student's exercises/exNN_*.py",
+    )
+    parser.addoption(
+        "--exercise",
+        action="append",
+        default=[],
+        metavar="NN.k",
+        help="run only the tests of exercise NN.k (repeat it for several)",
+    )
 
 
 def pytest_configure(config):

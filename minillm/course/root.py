@@ -7,6 +7,7 @@ leaves it in the checkout), so the course folders are looked for, in this order:
 2. the working directory and the folders above it (run the commands from anywhere inside your checkout);
 3. the folder above minillm's package, which is the checkout when minillm was installed with `-e`.
 """
+
 import os
 from pathlib import Path
 
@@ -32,8 +33,10 @@ def course_root() -> Path:
         path = Path(explicit).expanduser().resolve()
         if not is_course(path):
             missing = _listed([m for m in LANDMARKS if not (path / m).is_dir()])
-            raise CourseNotFound(f"{ENV} (or --root) names {path}, which is not the minillm course: it has no "
-                                 f"{missing}. Point it at your checkout, the folder with {_listed(LANDMARKS)}.")
+            raise CourseNotFound(
+                f"{ENV} (or --root) names {path}, which is not the minillm course: it has no "
+                f"{missing}. Point it at your checkout, the folder with {_listed(LANDMARKS)}."
+            )
         return path
     here = Path.cwd().resolve()
     for path in (here, *here.parents):
@@ -44,7 +47,8 @@ def course_root() -> Path:
     raise CourseNotFound(
         f"Not inside the minillm course: looked for a folder with {_listed(LANDMARKS)} in {here} and every "
         f"folder above it, and in the folder that holds the minillm package ({PACKAGE.parent}), and found none. "
-        f"Run this from your course checkout (the folder you cloned), or name it with --root DIR or {ENV}=DIR.")
+        f"Run this from your course checkout (the folder you cloned), or name it with --root DIR or {ENV}=DIR."
+    )
 
 
 def _listed(folders) -> str:

@@ -1,10 +1,11 @@
 """Show minillm's real source in a notebook, so that the course never carries a stale copy of the code.
 
-    show(rms_norm)                  the function as minillm has it now, syntax highlighted
-    show(RMSNorm.forward)           a method; show(minillm.layers.rms_norm) a whole module
-    show(rms_norm, solution=True)   exercise bodies revealed (by default they are replaced by their stubs)
-    show_cpp("linear_cpu.cpp", "stream")   a function of the C++ kernels in minillm/kernels/csrc
+show(rms_norm)                  the function as minillm has it now, syntax highlighted
+show(RMSNorm.forward)           a method; show(minillm.layers.rms_norm) a whole module
+show(rms_norm, solution=True)   exercise bodies revealed (by default they are replaced by their stubs)
+show_cpp("linear_cpu.cpp", "stream")   a function of the C++ kernels in minillm/kernels/csrc
 """
+
 import html
 import inspect
 import textwrap
@@ -44,7 +45,7 @@ def show(obj, solution: bool = False) -> Source:
     if not solution:
         for e in reversed(scan_file(path) if path.is_relative_to(PACKAGE) else []):
             if start <= e.begin and e.end <= end:
-                lines[e.begin - start + 1:e.end - start] = [s + "\n" for s in e.stub()]
+                lines[e.begin - start + 1 : e.end - start] = [s + "\n" for s in e.stub()]
     return Source(textwrap.dedent("".join(lines)).rstrip("\n"), f"{_where(path)}, lines {start}–{end}")
 
 
@@ -59,7 +60,7 @@ def show_cpp(file: str, name: str) -> Source:
     end = lines.index("}", start)
     while start > 0 and lines[start - 1].startswith(("//", "template")):
         start -= 1
-    return Source("\n".join(lines[start:end + 1]), f"{_where(path)}, lines {start + 1}–{end + 1}", "cpp")
+    return Source("\n".join(lines[start : end + 1]), f"{_where(path)}, lines {start + 1}–{end + 1}", "cpp")
 
 
 def _where(path: Path) -> str:

@@ -6,6 +6,8 @@
 default output is an ordinary display output, so nbclient and CI record it and the committed notebook shows
 it; in a live kernel each change of a control replaces that output in place (IPython's display_id).
 """
+
+
 def interact(draw, **controls):
     """Show the controls (ipywidgets) and draw(**their values) below them; redraw on every change."""
     import ipywidgets as widgets

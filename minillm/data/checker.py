@@ -5,6 +5,7 @@ agree (pronouns with names, "a"/"an"). This is exact: the checker accepts
 precisely the sentences the generator can write, so the share of a model's sentences it accepts
 measures how well the model learned the language.
 """
+
 import re
 from functools import lru_cache
 
@@ -21,7 +22,7 @@ def split_sentences(text: str) -> list[str]:
     """Cut a text into sentences; a trailing piece with no end mark (a cut-off sentence) is kept too."""
     sentences, start = [], 0
     for m in _END.finditer(text):
-        sentences.append(text[start:m.end()].strip())
+        sentences.append(text[start : m.end()].strip())
         start = m.end()
     sentences.append(text[start:].strip())
     return [s for s in sentences if s]

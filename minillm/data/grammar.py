@@ -9,13 +9,30 @@ A template is a sentence with slots in braces: "{hero} looked for {hero.his} {th
 Filling a template gives a sentence; compiling it gives a regex that recognises exactly the sentences
 the template can produce (attribute agreement is checked after the match, see `agrees`).
 """
+
 import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from minillm.data.lexicon import (CATEGORIES, COLORS, CRITTERS, FLYERS, FRIEND_BOYS, FRIEND_GIRLS, FRUITS,
-                                  GIRL_NAMES, HERO_BOYS, HERO_GIRLS, KINDS, PLACES, PRONOUNS, TOY_ADJECTIVES,
-                                  TOYS, TREATS, article)
+from minillm.data.lexicon import (
+    CATEGORIES,
+    COLORS,
+    CRITTERS,
+    FLYERS,
+    FRIEND_BOYS,
+    FRIEND_GIRLS,
+    FRUITS,
+    GIRL_NAMES,
+    HERO_BOYS,
+    HERO_GIRLS,
+    KINDS,
+    PLACES,
+    PRONOUNS,
+    TOY_ADJECTIVES,
+    TOYS,
+    TREATS,
+    article,
+)
 
 
 @dataclass(frozen=True)
@@ -38,9 +55,11 @@ def _noun(phrase: str) -> set[str]:  # "little teddy bear" -> "teddy bear" (adje
     return {phrase.split(" ", 1)[1]}
 
 
-CHARACTER_ATTRS = {**{a: _pronoun(a) for a in PRONOUNS["f"]},
-                   "kind": lambda n: {k for k, g in KINDS.items() if g in (None, gender(n))},
-                   "trait": lambda n: set(CATEGORIES["trait"])}
+CHARACTER_ATTRS = {
+    **{a: _pronoun(a) for a in PRONOUNS["f"]},
+    "kind": lambda n: {k for k, g in KINDS.items() if g in (None, gender(n))},
+    "trait": lambda n: set(CATEGORIES["trait"]),
+}
 HERO = RoleType(HERO_GIRLS + HERO_BOYS, CHARACTER_ATTRS)
 FRIEND = RoleType(FRIEND_GIRLS + FRIEND_BOYS, CHARACTER_ATTRS)
 THING = RoleType([f"{a} {t}" for a in TOY_ADJECTIVES for t in TOYS], {"noun": _noun, "a": lambda t: {article(t)}})
@@ -50,8 +69,16 @@ FRUIT = RoleType(FRUITS, {"a": lambda f: {article(f)}})
 PLACE = RoleType(list(PLACES), {"at": lambda p: {f"{PLACES[p]} the {p}"}})
 CRITTER = RoleType(list(CRITTERS), {"mom": lambda c: {CRITTERS[c]}, "a": lambda c: {article(c)}})
 
-ROLES = {"hero": HERO, "friend": FRIEND, "thing": THING, "flyer": FLYER, "food": TREAT, "fruit": FRUIT,
-         "place": PLACE, "critter": CRITTER}
+ROLES = {
+    "hero": HERO,
+    "friend": FRIEND,
+    "thing": THING,
+    "flyer": FLYER,
+    "food": TREAT,
+    "fruit": FRUIT,
+    "place": PLACE,
+    "critter": CRITTER,
+}
 
 SLOT = re.compile(r"\{([a-z0-9]+)(?:\.([A-Za-z]+))?\}")
 
@@ -68,9 +95,11 @@ def slot_words(role: str, attr: str | None) -> list[str]:
 
 def fill(template: str, cast: dict[str, str], rng) -> str:
     """The template with each slot replaced: roles and attributes from the story's `cast`, categories at random."""
+
     def pick(m: re.Match) -> str:
         key = m.group(0)[1:-1]
         return cast[key] if key in cast else rng.choice(CATEGORIES[m.group(1)])
+
     return SLOT.sub(pick, template)
 
 
@@ -78,7 +107,7 @@ def compile_template(template: str) -> re.Pattern:
     """A regex matching exactly the fillings of `template`; each slot is a named group (a.b -> a__b)."""
     parts, seen, pos = [], set(), 0
     for m in SLOT.finditer(template):
-        parts.append(re.escape(template[pos:m.start()]))
+        parts.append(re.escape(template[pos : m.start()]))
         group = m.group(0)[1:-1].replace(".", "__")
         if group in seen:  # a slot used twice holds the same word twice
             parts.append(f"(?P={group})")

@@ -3,6 +3,7 @@
 The model is any Hugging Face causal LM (we use transformers' own `generate`, with its KV cache, as the
 reference sampler). The figure that matters is the share of generated sentences the grammar accepts.
 """
+
 import torch
 
 from minillm.data.checker import keeps_its_cast, sentence_validity
@@ -10,8 +11,15 @@ from minillm.data.stories import heldout_openings
 
 
 @torch.no_grad()
-def continue_stories(model, tokenizer, prompts: list[str], temperature: float = 0.8, seed: int = 0,
-                     max_new_tokens: int = 320, batch_size: int = 200) -> list[str]:
+def continue_stories(
+    model,
+    tokenizer,
+    prompts: list[str],
+    temperature: float = 0.8,
+    seed: int = 0,
+    max_new_tokens: int = 320,
+    batch_size: int = 200,
+) -> list[str]:
     """The text each prompt is continued with (sampled at `temperature`, greedy when it is 0), in batches."""
     torch.manual_seed(seed)
     side, tokenizer.padding_side = tokenizer.padding_side, "left"  # batched generation: prompts end in one column
@@ -21,18 +29,24 @@ def continue_stories(model, tokenizer, prompts: list[str], temperature: float = 
         sampling = dict(do_sample=False)
     texts = []
     for i in range(0, len(prompts), batch_size):
-        batch = tokenizer(prompts[i:i + batch_size], return_tensors="pt", padding=True)
+        batch = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True)
         width = batch["input_ids"].shape[1]
         limit = min(width + max_new_tokens, model.config.max_position_embeddings)
-        out = model.generate(**batch, max_length=limit, pad_token_id=tokenizer.pad_token_id,
-                             eos_token_id=tokenizer.eos_token_id, **sampling)
+        out = model.generate(
+            **batch,
+            max_length=limit,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            **sampling,
+        )
         texts += tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
     tokenizer.padding_side = side
     return texts
 
 
-def evaluate_model(model, tokenizer, n_stories: int = 200, temperature: float = 0.8, seed: int = 0,
-                   n_greedy: int = 20) -> dict:
+def evaluate_model(
+    model, tokenizer, n_stories: int = 200, temperature: float = 0.8, seed: int = 0, n_greedy: int = 20
+) -> dict:
     """The quality figures: sentence validity of `n_stories` sampled continuations and of `n_greedy` greedy ones.
 
     A continuation that does not reach <eos> within the token budget ends in a cut-off sentence, which
@@ -43,6 +57,15 @@ def evaluate_model(model, tokenizer, n_stories: int = 200, temperature: float = 
     greedy = continue_stories(model, tokenizer, prompts[:n_greedy], temperature=0)
     g_valid, g_total = map(sum, zip(*(sentence_validity(t) for t in greedy)))
     cast_kept = sum(keeps_its_cast(p + t) for p, t in zip(prompts, sampled)) / len(sampled)
-    return {"valid": valid, "total": total, "validity": valid / total, "cast_kept": cast_kept,
-            "greedy_valid": g_valid, "greedy_total": g_total, "greedy_validity": g_valid / g_total,
-            "sampled": sampled, "greedy": greedy, "prompts": prompts}
+    return {
+        "valid": valid,
+        "total": total,
+        "validity": valid / total,
+        "cast_kept": cast_kept,
+        "greedy_valid": g_valid,
+        "greedy_total": g_total,
+        "greedy_validity": g_valid / g_total,
+        "sampled": sampled,
+        "greedy": greedy,
+        "prompts": prompts,
+    }

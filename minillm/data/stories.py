@@ -3,6 +3,7 @@
 Everything is driven by one `random.Random`, so a seed fixes the whole corpus. The training corpus and
 the held-out stories come from different seeds.
 """
+
 import random
 
 from minillm.data.grammar import ROLES, fill

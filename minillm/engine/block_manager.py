@@ -5,6 +5,7 @@ hashes mean equal prefixes. A new sequence whose leading blocks hash to blocks a
 reuses them (reference counted) instead of recomputing them. A freed block keeps its contents and hash on
 the free list, so a later identical prefix can revive it, until the block is taken for new tokens.
 """
+
 import hashlib
 from collections import OrderedDict
 
@@ -110,7 +111,7 @@ class BlockManager:
 
     def block_tokens(self, seq: Sequence, i: int) -> list[int]:
         """The token ids that fill block i of seq (the last block may be partial)."""
-        return seq.token_ids[i * self.block_size:(i + 1) * self.block_size]
+        return seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
 
     def can_allocate(self, seq: Sequence) -> bool:
         return self.num_free_blocks >= self.num_blocks(len(seq))
@@ -189,8 +190,10 @@ class BlockManager:
         """Give seq fresh blocks for num_tokens tokens up front, with no prefix reuse: a request's worst case
         reserved the way a contiguous cache does (the static-batching baseline)."""
         if self.num_blocks(num_tokens) > self.num_free_blocks:
-            raise ValueError(f"reserving {num_tokens} tokens needs {self.num_blocks(num_tokens)} blocks, only "
-                             f"{self.num_free_blocks} are free: lower the batch size or max_tokens")
+            raise ValueError(
+                f"reserving {num_tokens} tokens needs {self.num_blocks(num_tokens)} blocks, only "
+                f"{self.num_free_blocks} are free: lower the batch size or max_tokens"
+            )
         seq.block_table = [self._take_new().block_id for _ in range(self.num_blocks(num_tokens))]
 
     def can_append(self, seq: Sequence) -> bool:
@@ -226,5 +229,5 @@ class BlockManager:
 
     def uncache_blocks(self, seq: Sequence, num_tokens: int) -> None:
         """Forget the hashes of seq's blocks past its first num_tokens tokens (a failed step did not fill them)."""
-        for block_id in seq.block_table[num_tokens // self.block_size:]:
+        for block_id in seq.block_table[num_tokens // self.block_size :]:
             self._forget(self.blocks[block_id])

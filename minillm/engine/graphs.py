@@ -10,6 +10,7 @@ directly, built the first time a batch needs it, so that an engine starts at onc
 Both read their inputs from the model runner's preallocated buffers, so each replay finds the step's tokens,
 positions, slots and block tables at the addresses it was recorded with.
 """
+
 import time
 import weakref
 
@@ -55,8 +56,15 @@ def pick_bucket(buckets: list[int], batch: int) -> int | None:
     # END EXERCISE
 
 
-def pad_decode_inputs(input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-                      context_lens: torch.Tensor, block_tables: torch.Tensor, batch: int, bucket: int) -> None:
+def pad_decode_inputs(
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    batch: int,
+    bucket: int,
+) -> None:
     """Turn rows batch .. bucket-1 of a decode step's input buffers into padding, in place.
 
     The buffers are the model runner's, each at least `bucket` rows long, with the step's real rows
@@ -107,8 +115,14 @@ class DecodeGraphs:
         r = self.runner
         pad_decode_inputs(r.input_ids, r.positions, r.slot_mapping, r.context_lens, r.block_tables_buf, batch, bucket)
         tables = r.block_tables_buf[:bucket] if self.whole_block_tables else r.block_tables_buf[:bucket, :width]
-        set_context(Context(slot_mapping=r.slot_mapping[:bucket], context_lens=r.context_lens[:bucket],
-                            block_tables=tables, context_lens_cpu=context_lens_cpu + [1] * (bucket - batch)))
+        set_context(
+            Context(
+                slot_mapping=r.slot_mapping[:bucket],
+                context_lens=r.context_lens[:bucket],
+                block_tables=tables,
+                context_lens_cpu=context_lens_cpu + [1] * (bucket - batch),
+            )
+        )
 
     @torch.inference_mode()
     def capture(self, max_batch: int | None = None) -> None:
@@ -162,8 +176,11 @@ class CompiledDecodeSteps(DecodeGraphs):
             compiled = compile_fx(graph, example_inputs, config_patches=options)
             this().steps[bucket] = compiled, list(example_inputs)
             return compiled
+
         r = self.runner
-        torch.compile(r.model, backend=backend, dynamic=False, fullgraph=True)(r.input_ids[:bucket], r.positions[:bucket])
+        torch.compile(r.model, backend=backend, dynamic=False, fullgraph=True)(
+            r.input_ids[:bucket], r.positions[:bucket]
+        )
 
     def replay(self, bucket: int) -> torch.Tensor:
         if bucket not in self.steps:  # the first batch that needs a bucket builds it
@@ -188,8 +205,12 @@ class CUDADecodeGraphs(DecodeGraphs):
         super().__init__(runner, max_batch)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None  # the memory pool of the first (largest) graph, shared by the others
-        self.outputs = torch.zeros(self.buckets[-1], runner.model.config.hidden_size,
-                                   dtype=runner.model.lm_head.weight.dtype, device=runner.device)
+        self.outputs = torch.zeros(
+            self.buckets[-1],
+            runner.model.config.hidden_size,
+            dtype=runner.model.lm_head.weight.dtype,
+            device=runner.device,
+        )
 
     def build(self, bucket: int) -> None:
         r, graph = self.runner, torch.cuda.CUDAGraph()

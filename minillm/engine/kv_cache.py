@@ -1,4 +1,5 @@
 """Sizing and allocating the KV cache: one tensor for all layers, handed to each layer as a view."""
+
 from contextlib import contextmanager
 
 import torch
@@ -32,8 +33,9 @@ def allocate_kv_cache(model: torch.nn.Module, num_blocks: int, block_size: int) 
     """Allocate [2, layers, num_blocks, block_size, kv_heads, head_dim] and point each Attention layer at its slice."""
     layers = [m for m in model.modules() if isinstance(m, Attention)]
     a, w = layers[0], model.lm_head.weight
-    cache = torch.zeros(2, len(layers), num_blocks, block_size, a.num_kv_heads, a.head_dim, dtype=w.dtype,
-                        device=w.device)
+    cache = torch.zeros(
+        2, len(layers), num_blocks, block_size, a.num_kv_heads, a.head_dim, dtype=w.dtype, device=w.device
+    )
     for i, layer in enumerate(layers):
         layer.k_cache, layer.v_cache = cache[0, i], cache[1, i]
     return cache

@@ -1,8 +1,9 @@
 """LLMEngine: add requests, step the scheduler and the model runner, hand back text as it is produced."""
+
 import json
 import time
 import weakref
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Iterator
 
@@ -49,6 +50,7 @@ class LLMEngine:
     workers = ()  # tensor-parallel worker processes (none for one process)
     closed: str | None = None  # why the engine was closed, once it is
     _stop_workers = None  # the finalizer that stops the workers
+
     def __init__(self, model=None, **kwargs):
         names = {f.name for f in fields(Config)}
         unknown = set(kwargs) - names
@@ -61,12 +63,16 @@ class LLMEngine:
         if config.max_model_len is None:
             config.max_model_len = max_len
         elif config.max_model_len > max_len:
-            raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
-                             f"max_position_embeddings={max_len}; use max_model_len <= {max_len}.")
+            raise ValueError(
+                f"max_model_len={config.max_model_len} exceeds the model's "
+                f"max_position_embeddings={max_len}; use max_model_len <= {max_len}."
+            )
         config.dtype = resolve_dtype(config.dtype, config.device, model_config.dtype)
         if not config.skip_tokenizer_init and not (path / "tokenizer.json").exists():
-            raise FileNotFoundError(f"{path} has no tokenizer.json: add the checkpoint's tokenizer files, or pass "
-                                    "skip_tokenizer_init=True to run on token ids alone (outputs then have no text)")
+            raise FileNotFoundError(
+                f"{path} has no tokenizer.json: add the checkpoint's tokenizer files, or pass "
+                "skip_tokenizer_init=True to run on token ids alone (outputs then have no text)"
+            )
         self.tokenizer = None if config.skip_tokenizer_init else Tokenizer(path)
         group = None
         if config.tensor_parallel_size > 1:  # checked before any process starts
@@ -80,8 +86,9 @@ class LLMEngine:
         # the workers stop when the engine is closed, garbage-collected, or the interpreter exits
         self._stop_workers = weakref.finalize(self, stop_workers, group, self.workers) if group else None
         self.vocab_size = model_config.vocab_size
-        self.block_manager = BlockManager(self.model_runner.num_kvcache_blocks, config.kvcache_block_size,
-                                          config.enable_prefix_caching)
+        self.block_manager = BlockManager(
+            self.model_runner.num_kvcache_blocks, config.kvcache_block_size, config.enable_prefix_caching
+        )
         self.scheduler = Scheduler(config, self.block_manager, eos_token_ids(path, model_config, self.tokenizer))
 
     def add_request(self, prompt: str | list[int], sampling_params: SamplingParams, priority: int = 0) -> Sequence:
@@ -90,21 +97,27 @@ class LLMEngine:
             raise ValueError("this engine has no tokenizer (skip_tokenizer_init=True): give prompts as token id lists")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids or prompt == "":  # "" may encode to a lone BOS: say so rather than generate from nothing
-            raise ValueError("the prompt is empty: give at least one token (a non-empty string or id list; to "
-                             "generate from nothing, the id list of the BOS token)")
+            raise ValueError(
+                "the prompt is empty: give at least one token (a non-empty string or id list; to "
+                "generate from nothing, the id list of the BOS token)"
+            )
         bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < self.vocab_size)]
         if bad:
             raise ValueError(f"unknown token ids {bad[:5]}: ids must be integers in [0, {self.vocab_size})")
         total = len(ids) + sampling_params.max_tokens
         if total > self.config.max_model_len:
-            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({sampling_params.max_tokens}) = {total} "
-                             f"exceeds max_model_len={self.config.max_model_len}: shorten the prompt or lower "
-                             "max_tokens")
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({sampling_params.max_tokens}) = {total} "
+                f"exceeds max_model_len={self.config.max_model_len}: shorten the prompt or lower "
+                "max_tokens"
+            )
         need, have = self.block_manager.num_blocks(total), len(self.block_manager.blocks)
         if need > have:
-            raise ValueError(f"the KV cache ({have} blocks of {self.config.kvcache_block_size} tokens) cannot hold "
-                             f"one request of {total} tokens ({need} blocks): raise num_kvcache_blocks or "
-                             "kvcache_memory_bytes, or lower max_tokens")
+            raise ValueError(
+                f"the KV cache ({have} blocks of {self.config.kvcache_block_size} tokens) cannot hold "
+                f"one request of {total} tokens ({need} blocks): raise num_kvcache_blocks or "
+                "kvcache_memory_bytes, or lower max_tokens"
+            )
         seq = Sequence(ids, sampling_params, priority)
         self.scheduler.add(seq)
         return seq
@@ -132,13 +145,17 @@ class LLMEngine:
             self.scheduler.rollback([*self.scheduler.running, *self.scheduler.waiting] if seqs is None else seqs)
             if failed := describe_failed(self.workers):
                 self.close(f"tensor-parallel worker {failed}")
-                raise RuntimeError(f"tensor-parallel worker {failed} during a step; the engine has stopped its "
-                                   "other workers and cannot continue: create a new LLM") from e
+                raise RuntimeError(
+                    f"tensor-parallel worker {failed} during a step; the engine has stopped its "
+                    "other workers and cannot continue: create a new LLM"
+                ) from e
             if self.workers and not self.model_runner.group.renewable:
                 self.close("a tensor-parallel step failed on CUDA")
-                raise RuntimeError("a tensor-parallel step failed half-way on CUDA, where the ranks waiting in its NCCL "
-                                   "collectives cannot be released to run another step; the engine has stopped its "
-                                   "workers and cannot continue: create a new LLM") from e
+                raise RuntimeError(
+                    "a tensor-parallel step failed half-way on CUDA, where the ranks waiting in its NCCL "
+                    "collectives cannot be released to run another step; the engine has stopped its "
+                    "workers and cannot continue: create a new LLM"
+                ) from e
             raise
         for seq in updated:
             seq.first_token_time = seq.first_token_time or now
@@ -166,11 +183,17 @@ class LLMEngine:
             prompts = [prompts]
         if len({isinstance(p, str) for p in prompts}) > 1:
             raise ValueError("the prompts mix strings and token id lists: give all as strings or all as id lists")
-        sps = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
+        sps = (
+            sampling_params
+            if isinstance(sampling_params, list)
+            else [sampling_params or SamplingParams()] * len(prompts)
+        )
         prios = priorities if priorities is not None else [0] * len(prompts)
         if not (len(sps) == len(prios) == len(prompts)):
-            raise ValueError(f"{len(prompts)} prompts but {len(sps)} sampling params and {len(prios)} priorities: "
-                             "give one per prompt, or a single SamplingParams for all")
+            raise ValueError(
+                f"{len(prompts)} prompts but {len(sps)} sampling params and {len(prios)} priorities: "
+                "give one per prompt, or a single SamplingParams for all"
+            )
         seqs = []
         try:
             for prompt, sp, prio in zip(prompts, sps, prios):
@@ -186,8 +209,11 @@ class LLMEngine:
         (break, an exception, Ctrl-C) aborts its unfinished requests."""
         seqs = self._add_all(prompts, sampling_params, priorities)
         index = {seq.seq_id: i for i, seq in enumerate(seqs)}
-        detoks = {seq.seq_id: IncrementalDetokenizer(self.tokenizer, seq.token_ids) for seq in seqs
-                  if self.tokenizer is not None}
+        detoks = {
+            seq.seq_id: IncrementalDetokenizer(self.tokenizer, seq.token_ids)
+            for seq in seqs
+            if self.tokenizer is not None
+        }
         try:
             while not self.is_finished():
                 for seq in self.step()[0]:
@@ -212,9 +238,19 @@ class LLMEngine:
             for seq in seqs:
                 self.abort_request(seq)
         decode = self.tokenizer.decode if self.tokenizer is not None else lambda ids: ""
-        return [RequestOutput(seq.token_ids[:seq.num_prompt_tokens], seq.completion_token_ids,
-                              decode(seq.completion_token_ids), seq.finish_reason, seq.num_prompt_cached_tokens,
-                              seq.arrival_time, seq.first_token_time, seq.finish_time) for seq in seqs]
+        return [
+            RequestOutput(
+                seq.token_ids[: seq.num_prompt_tokens],
+                seq.completion_token_ids,
+                decode(seq.completion_token_ids),
+                seq.finish_reason,
+                seq.num_prompt_cached_tokens,
+                seq.arrival_time,
+                seq.first_token_time,
+                seq.finish_time,
+            )
+            for seq in seqs
+        ]
 
 
 def eos_token_ids(path: Path, model_config: ModelConfig, tokenizer: Tokenizer | None) -> list[int]:

@@ -6,6 +6,7 @@ the forward pass (the one place that chooses between eager, compiled and graph r
 the tokens. Under tensor parallelism (chapter 10) every rank has a ModelRunner with its shard of the model:
 rank 0 prepares each step and broadcasts its StepInputs, every rank loads and runs them, rank 0 samples.
 """
+
 import itertools
 import os
 from dataclasses import dataclass
@@ -73,8 +74,10 @@ class ModelRunner:
         if group:  # every rank must hold the same blocks: the fewest any rank has room for
             self.num_kvcache_blocks = group.min(self.num_kvcache_blocks)
         if self.num_kvcache_blocks < 1:
-            raise ValueError(f"no memory is left for the KV cache (one block needs {bytes_per_block} bytes): "
-                             "raise kvcache_memory_bytes / gpu_memory_utilization or use a smaller model")
+            raise ValueError(
+                f"no memory is left for the KV cache (one block needs {bytes_per_block} bytes): "
+                "raise kvcache_memory_bytes / gpu_memory_utilization or use a smaller model"
+            )
         # one spare block at the end, never handed out: padded rows of a decode step write there (PAD_SLOT_ID)
         self.kv_cache = allocate_kv_cache(self.model, self.num_kvcache_blocks + 1, self.block_size)
         self.compile_layers = self.device.type == "cuda" if config.compile_layers is None else config.compile_layers
@@ -100,11 +103,15 @@ class ModelRunner:
             width = -(-config.max_model_len // self.block_size) * self.block_size
             gathered = 2 * rows * width * kv_heads * c.head_dim * self.dtype.itemsize
             if gathered > TORCH_GRAPH_GATHER_BYTES:
-                reason = (f"attention_backend='torch' in a CUDA graph would copy {gathered / 2**30:.1f} GiB of keys "
-                          f"and values per layer ({rows} rows x {width} positions, the max_model_len)")
+                reason = (
+                    f"attention_backend='torch' in a CUDA graph would copy {gathered / 2**30:.1f} GiB of keys "
+                    f"and values per layer ({rows} rows x {width} positions, the max_model_len)"
+                )
                 if config.enforce_eager is False:
-                    raise ValueError(f"{reason}: use attention_backend='triton' (it reads the blocks in place), or "
-                                     "lower max_model_len or max_num_seqs, or leave enforce_eager unset (eager steps)")
+                    raise ValueError(
+                        f"{reason}: use attention_backend='triton' (it reads the blocks in place), or "
+                        "lower max_model_len or max_num_seqs, or leave enforce_eager unset (eager steps)"
+                    )
                 return reason
         return None
 
@@ -142,12 +149,17 @@ class ModelRunner:
             run()
             stats = torch.cuda.memory_stats(self.device)
             return stats["allocated_bytes.all.peak"] - stats["allocated_bytes.all.current"]
+
         step = measured(lambda: self.warmup(config))
         rows = min(config.max_num_seqs, 512)  # the largest bucket's rows, as sequences of one token
         graph_pool = measured(lambda: self.dummy_forward(rows, 1)) if self.why_eager(config) is None else 0
         # its keys and values, copied out per sequence and then packed: twice
-        context = 2 * config.max_model_len * kv_cache_bytes_per_token(self.model.config, self.dtype) // (
-            self.model.config.num_hidden_layers * (self.group.size if self.group else 1))
+        context = (
+            2
+            * config.max_model_len
+            * kv_cache_bytes_per_token(self.model.config, self.dtype)
+            // (self.model.config.num_hidden_layers * (self.group.size if self.group else 1))
+        )
         torch.cuda.empty_cache()  # what the warm-ups left cached is free for the cache
         free, total = torch.cuda.mem_get_info(self.device)
         return int(total * config.gpu_memory_utilization - (total - free) - step - graph_pool - context)
@@ -167,18 +179,26 @@ class ModelRunner:
     def dummy_forward(self, num_seqs: int, seq_len: int) -> torch.Tensor:
         """The forward pass of num_seqs prompts of seq_len tokens that store nothing (every slot -1)."""
         cu = list(range(0, num_seqs * seq_len + 1, seq_len))
-        set_context(Context(is_prefill=True, cu_seqlens_q_cpu=cu, cu_seqlens_k_cpu=cu,
-                            slot_mapping=torch.full((num_seqs * seq_len,), -1, device=self.device)))
+        set_context(
+            Context(
+                is_prefill=True,
+                cu_seqlens_q_cpu=cu,
+                cu_seqlens_k_cpu=cu,
+                slot_mapping=torch.full((num_seqs * seq_len,), -1, device=self.device),
+            )
+        )
         try:
-            return self.model(torch.zeros(num_seqs * seq_len, dtype=torch.long, device=self.device),
-                              torch.arange(seq_len, device=self.device).repeat(num_seqs))
+            return self.model(
+                torch.zeros(num_seqs * seq_len, dtype=torch.long, device=self.device),
+                torch.arange(seq_len, device=self.device).repeat(num_seqs),
+            )
         finally:
             reset_context()
 
     def fill(self, buffer: torch.Tensor, values: list) -> torch.Tensor:
         """Copy host values into the first rows of an input buffer; returns that slice. The values go through
         numpy, which turns a list of Python ints into an array several times faster than torch.tensor."""
-        out = buffer[:len(values)]
+        out = buffer[: len(values)]
         out.copy_(torch.from_numpy(np.array(values, dtype=np.int64)), non_blocking=True)
         return out
 
@@ -187,7 +207,7 @@ class ModelRunner:
         0.4 ms a step through torch.tensor on the nested lists, and 0.1 ms so)."""
         width = max(map(len, tables))
         rows = itertools.chain.from_iterable(table + [-1] * (width - len(table)) for table in tables)
-        out = self.block_tables_buf[:len(tables), :width]
+        out = self.block_tables_buf[: len(tables), :width]
         out.copy_(torch.from_numpy(np.fromiter(rows, np.int64, len(tables) * width)).view(len(tables), width))
         return out
 
@@ -212,23 +232,41 @@ class ModelRunner:
     def prepare_decode(self, seqs: list[Sequence]) -> StepInputs:
         """One token per sequence, its newest, at position len - 1."""
         slot_mapping = [slot_mapping_for(seq.block_table, len(seq) - 1, len(seq), self.block_size)[0] for seq in seqs]
-        return StepInputs(False, [seq.last_token for seq in seqs], [len(seq) - 1 for seq in seqs], slot_mapping,
-                          [seq.block_table for seq in seqs], context_lens=[len(seq) for seq in seqs])
+        return StepInputs(
+            False,
+            [seq.last_token for seq in seqs],
+            [len(seq) - 1 for seq in seqs],
+            slot_mapping,
+            [seq.block_table for seq in seqs],
+            context_lens=[len(seq) for seq in seqs],
+        )
 
     def load(self, s: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """Write a step's inputs into the buffers and set the step context; returns input_ids and positions."""
         block_tables = None if s.block_tables is None else self.block_tables(s.block_tables)
         slot_mapping = self.fill(self.slot_mapping, s.slot_mapping)
         if s.is_prefill:
-            set_context(Context(is_prefill=True, cu_seqlens_q=self.fill(self.cu_seqlens_q, s.cu_seqlens_q),
-                                cu_seqlens_k=self.fill(self.cu_seqlens_k, s.cu_seqlens_k), slot_mapping=slot_mapping,
-                                block_tables=block_tables, cu_seqlens_q_cpu=s.cu_seqlens_q,
-                                cu_seqlens_k_cpu=s.cu_seqlens_k,
-                                logits_indices=self.fill(self.logits_indices, s.logits_indices)))
+            set_context(
+                Context(
+                    is_prefill=True,
+                    cu_seqlens_q=self.fill(self.cu_seqlens_q, s.cu_seqlens_q),
+                    cu_seqlens_k=self.fill(self.cu_seqlens_k, s.cu_seqlens_k),
+                    slot_mapping=slot_mapping,
+                    block_tables=block_tables,
+                    cu_seqlens_q_cpu=s.cu_seqlens_q,
+                    cu_seqlens_k_cpu=s.cu_seqlens_k,
+                    logits_indices=self.fill(self.logits_indices, s.logits_indices),
+                )
+            )
         else:
-            set_context(Context(slot_mapping=slot_mapping, block_tables=block_tables,
-                                context_lens=self.fill(self.context_lens, s.context_lens),
-                                context_lens_cpu=s.context_lens))
+            set_context(
+                Context(
+                    slot_mapping=slot_mapping,
+                    block_tables=block_tables,
+                    context_lens=self.fill(self.context_lens, s.context_lens),
+                    context_lens_cpu=s.context_lens,
+                )
+            )
         return self.fill(self.input_ids, s.input_ids), self.fill(self.positions, s.positions)
 
     def prepare_sample(self, seqs: list[Sequence]) -> SamplingMetadata:
@@ -236,8 +274,9 @@ class ModelRunner:
         for seq in seqs:  # a seeded request's own random stream, on the device that samples
             if seq.generator is None and seq.sampling_params.seed is not None:
                 seq.generator = torch.Generator(self.device).manual_seed(seq.sampling_params.seed)
-        return SamplingMetadata.build([seq.sampling_params for seq in seqs], [seq.generator for seq in seqs],
-                                      self.device)
+        return SamplingMetadata.build(
+            [seq.sampling_params for seq in seqs], [seq.generator for seq in seqs], self.device
+        )
 
     @torch.inference_mode()
     def run_model(self, input_ids: torch.Tensor, positions: torch.Tensor, is_prefill: bool) -> torch.Tensor:

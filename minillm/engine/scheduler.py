@@ -8,6 +8,7 @@ growth (new_token_ratio); when it runs out anyway during decode, a sequence is p
 freed and it waits to be recomputed (its prefix blocks often survive in the prefix cache). A step that fails is rolled back: the
 blocks it was to fill stop being findable by hash, and its sequences are preempted.
 """
+
 from bisect import bisect_right
 from collections import deque
 
@@ -66,8 +67,7 @@ class Scheduler:
         running requests of lower priority, lowest first, until it can."""
         while self.waiting and self.running:
             head, victim = self.waiting[0], max(self.running, key=self.queue_key)
-            has_room = len(self.running) < self.max_num_seqs and (
-                head.block_table or self.can_admit(head))
+            has_room = len(self.running) < self.max_num_seqs and (head.block_table or self.can_admit(head))
             if has_room or victim.priority >= head.priority:
                 return
             self.preempt(victim)
@@ -77,8 +77,9 @@ class Scheduler:
         new_token_ratio of its remaining max_tokens and of every running sequence's, so that admitting seq does
         not force a preemption (a recomputation from scratch) some steps later."""
         bm, ratio = self.block_manager, self.new_token_ratio
-        growth = sum(max(0, bm.num_blocks(len(s) + int(ratio * s.remaining_tokens)) - len(s.block_table))
-                     for s in self.running)
+        growth = sum(
+            max(0, bm.num_blocks(len(s) + int(ratio * s.remaining_tokens)) - len(s.block_table)) for s in self.running
+        )
         return bm.num_free_blocks >= bm.num_blocks(len(seq) + int(ratio * seq.remaining_tokens)) + growth
 
     def schedule_prefill(self) -> list[Sequence]:
@@ -103,10 +104,11 @@ class Scheduler:
         Do not touch `num_computed_tokens` after scheduling: `postprocess` advances it once the step ran.
 
         Examples (blocks of 4 tokens, new_token_ratio 0, where can_admit asks only that the prompt fit): with
-        max_num_seqs=2 and prompts of 10, 11 and 12 tokens, one step admits the first two (both RUNNING, each with a block_table) and the third stays in waiting. With a
-        budget of 8, a 20-token prompt is scheduled as 8, 8 and 4 over three steps (only the last samples).
-        With 3 free blocks, prompts of 8 and 8 tokens: the first takes 2 blocks and runs; the second cannot be
-        allocated, so the step returns only the first and the second waits with an empty block_table.
+        max_num_seqs=2 and prompts of 10, 11 and 12 tokens, one step admits the first two (both RUNNING, each
+        with a block_table) and the third stays in waiting. With a budget of 8, a 20-token prompt is scheduled
+        as 8, 8 and 4 over three steps (only the last samples). With 3 free blocks, prompts of 8 and 8 tokens:
+        the first takes 2 blocks and runs; the second cannot be allocated, so the step returns only the first
+        and the second waits with an empty block_table.
         """
         # BEGIN EXERCISE 06.2: prefill selection — admit waiting sequences under the sequence, token and block budgets
         scheduled, budget = [], self.max_num_batched_tokens
@@ -132,7 +134,7 @@ class Scheduler:
     def schedule_decode(self) -> list[Sequence]:
         """One token for each running sequence (up to max_num_seqs), preempting when the cache is full."""
         scheduled = []
-        for seq in list(self.running)[:self.max_num_seqs]:
+        for seq in list(self.running)[: self.max_num_seqs]:
             if seq.status == SequenceStatus.RUNNING and self.make_room(seq):
                 self.block_manager.may_append(seq)
                 seq.num_scheduled_tokens = 1

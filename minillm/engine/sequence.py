@@ -1,4 +1,5 @@
 """Sequence: one request's tokens, its place in the scheduler and its blocks in the KV cache."""
+
 import time
 from enum import Enum, auto
 from itertools import count
@@ -19,8 +20,7 @@ class Sequence:
 
     _ids = count()
 
-    def __init__(self, token_ids: list[int], sampling_params: SamplingParams = SamplingParams(),
-                 priority: int = 0):
+    def __init__(self, token_ids: list[int], sampling_params: SamplingParams = SamplingParams(), priority: int = 0):
         self.seq_id = next(Sequence._ids)
         self.status = SequenceStatus.WAITING
         self.token_ids = list(token_ids)
@@ -54,7 +54,7 @@ class Sequence:
 
     @property
     def completion_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def is_finished(self) -> bool:

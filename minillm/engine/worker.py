@@ -6,6 +6,7 @@ MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK). A worker finds the engine's settings
 of the model and loops on `ModelRunner.loop` until rank 0 sends the end. Under torchrun there are no workers to
 start: every rank runs the user's script, and `LLM(...)` on ranks > 0 becomes the loop (see `serve`).
 """
+
 import os
 import pickle
 import subprocess
@@ -32,8 +33,10 @@ def join_tensor_parallel(config: Config, path: Path) -> tuple[TensorParallelGrou
         return start_workers(config, path)
     store, rank, size = env_store()
     if size != config.tensor_parallel_size:
-        raise ValueError(f"tensor_parallel_size={config.tensor_parallel_size} but torchrun started {size} "
-                         f"processes: use --nproc-per-node (times --nnodes) = {config.tensor_parallel_size}")
+        raise ValueError(
+            f"tensor_parallel_size={config.tensor_parallel_size} but torchrun started {size} "
+            f"processes: use --nproc-per-node (times --nnodes) = {config.tensor_parallel_size}"
+        )
     group = TensorParallelGroup(store, rank, size, torch.device(config.device), int(os.environ.get("LOCAL_RANK", 0)))
     if rank > 0:
         serve(ModelRunner(config, path, group))
@@ -49,8 +52,15 @@ def start_workers(config: Config, path: Path) -> tuple[TensorParallelGroup, list
     procs = []
     try:
         for rank in range(1, size):
-            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), RANK=str(rank),
-                       WORLD_SIZE=str(size), LOCAL_RANK=str(rank), MINILLM_PARENT_PID=str(os.getpid()))
+            env = dict(
+                os.environ,
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(store.port),
+                RANK=str(rank),
+                WORLD_SIZE=str(size),
+                LOCAL_RANK=str(rank),
+                MINILLM_PARENT_PID=str(os.getpid()),
+            )
             procs.append(subprocess.Popen([sys.executable, "-c", WORKER], env=env))
         wait_until_joined(store, procs)
         return TensorParallelGroup(store, 0, size, torch.device(config.device)), procs
@@ -65,8 +75,10 @@ def wait_until_joined(store: dist.Store, procs: list[subprocess.Popen], timeout:
     for rank, proc in enumerate(procs, 1):
         while not store.check([f"joined{rank}"]):
             if proc.poll() is not None:
-                raise RuntimeError(f"tensor-parallel worker rank {rank} exited with code {proc.returncode} while "
-                                   "starting; its error is printed above")
+                raise RuntimeError(
+                    f"tensor-parallel worker rank {rank} exited with code {proc.returncode} while "
+                    "starting; its error is printed above"
+                )
             if time.monotonic() > deadline:
                 raise TimeoutError(f"tensor-parallel worker rank {rank} did not start within {timeout:.0f} s")
             time.sleep(0.02)
@@ -74,8 +86,11 @@ def wait_until_joined(store: dist.Store, procs: list[subprocess.Popen], timeout:
 
 def describe_failed(procs: list[subprocess.Popen]) -> str | None:
     """Which workers have exited, and how; None while all run."""
-    dead = [f"rank {rank} (pid {p.pid}) exited with code {p.returncode}" for rank, p in enumerate(procs, 1)
-            if p.poll() is not None]
+    dead = [
+        f"rank {rank} (pid {p.pid}) exited with code {p.returncode}"
+        for rank, p in enumerate(procs, 1)
+        if p.poll() is not None
+    ]
     return "; ".join(dead) or None
 
 
@@ -114,6 +129,7 @@ def serve(runner) -> None:
 
 def exit_with_parent(parent_pid: int) -> None:
     """A worker whose engine's process is gone (killed, crashed) exits too, instead of lingering."""
+
     def watch():
         while os.getppid() == parent_pid:
             time.sleep(0.5)
@@ -134,4 +150,3 @@ def main() -> None:
     store.set(f"joined{rank}", "1")
     group = TensorParallelGroup(store, rank, size, torch.device(config.device), int(os.environ["LOCAL_RANK"]))
     serve(ModelRunner(config, path, group))
-

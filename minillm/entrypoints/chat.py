@@ -5,6 +5,7 @@ The conversation is kept (each turn is sent with the ones before it, rendered by
 the real SmolLM2-135M-Instruct when its package is installed, else the embedded story model, which has no chat
 template: each line is then continued as text.
 """
+
 import argparse
 import dataclasses
 import sys
@@ -23,8 +24,9 @@ def default_model() -> tuple[str, str | None]:
     known = KNOWN_MODELS[REAL_MODEL]
     if known.source() is not None or is_complete(checkpoint_dir(REAL_MODEL), None):
         return REAL_MODEL, None
-    return str(default_model_path()), (f"{REAL_MODEL} is not installed (`{known.pip}`, or make setup): "
-                                       "using the embedded story model")
+    return str(default_model_path()), (
+        f"{REAL_MODEL} is not installed (`{known.pip}`, or make setup): using the embedded story model"
+    )
 
 
 class ChatSession:
@@ -52,7 +54,7 @@ class ChatSession:
         limit = self.llm.config.max_model_len - self.sampling_params.max_tokens
         first = 1 if self.messages and self.messages[0]["role"] == "system" else 0
         while len(ids) > limit and len(self.messages) > first:
-            del self.messages[first:first + 2]  # one user turn and its answer
+            del self.messages[first : first + 2]  # one user turn and its answer
             self.dropped += 1
             ids = self.prompt(text)
         return ids
@@ -73,8 +75,11 @@ class ChatSession:
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m minillm.chat", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help=f"a hub id minillm obtains offline ({', '.join(KNOWN_MODELS)}) or a "
-                        "checkpoint directory; default: SmolLM2 when installed, else the embedded model")
+    parser.add_argument(
+        "--model",
+        help=f"a hub id minillm obtains offline ({', '.join(KNOWN_MODELS)}) or a "
+        "checkpoint directory; default: SmolLM2 when installed, else the embedded model",
+    )
     parser.add_argument("--temperature", type=float, help="0 = greedy; default: the model's generation_config")
     parser.add_argument("--max-tokens", type=int, default=256, help="longest answer, in tokens (default 256)")
     parser.add_argument("--system", help="a system prompt (default: the chat template's own, if it has one)")
@@ -99,8 +104,11 @@ def main(argv=None, input=input, out=sys.stdout) -> int:
         return 130
     sampling_params = dataclasses.replace(llm.get_default_sampling_params(), **chosen)
     session = ChatSession(llm, sampling_params, args.system)
-    how = ("/reset forgets the conversation, /exit or Ctrl-D quits" if session.is_chat else
-           "it has no chat template, so each line you type is continued as text; /exit or Ctrl-D quits")
+    how = (
+        "/reset forgets the conversation, /exit or Ctrl-D quits"
+        if session.is_chat
+        else "it has no chat template, so each line you type is continued as text; /exit or Ctrl-D quits"
+    )
     print(f"minillm chat with {model}: {how}.", file=out)
     try:
         import readline  # noqa: F401  (line editing and the ↑ history, for input() at a terminal)
@@ -134,8 +142,11 @@ def main(argv=None, input=input, out=sys.stdout) -> int:
             continue
         print(file=out)
         if session.dropped > dropped:
-            print(f"(the oldest {session.dropped - dropped} turn(s) were dropped to fit max_model_len="
-                  f"{llm.config.max_model_len})", file=out)
+            print(
+                f"(the oldest {session.dropped - dropped} turn(s) were dropped to fit max_model_len="
+                f"{llm.config.max_model_len})",
+                file=out,
+            )
         if session.finish_reason == "length":
             print(f"(stopped at --max-tokens {args.max_tokens})", file=out)
 

@@ -4,6 +4,7 @@ Each has a torch reference in minillm.layers that it must equal (tests/test_kern
 compiled; on a CPU they run only in Triton's interpreter, with TRITON_INTERPRET=1 set before this package is
 first imported (Triton reads it when a kernel is defined).
 """
+
 from minillm.kernels.common import INTERPRET, check_device
 from minillm.kernels.kv_cache import store_kvcache
 from minillm.kernels.paged_attention import paged_decode_attention

@@ -7,6 +7,7 @@ compare with torch at 1e-5. triton.language's own helpers (tl.sum, tl.max, tl.cd
 kernels too, defined when triton is first imported, often earlier (torch.compile imports it): see
 `interpret_triton_language`.
 """
+
 from contextlib import contextmanager
 
 import torch
@@ -46,9 +47,11 @@ def jit(fn):
 def check_device(*tensors: torch.Tensor) -> None:
     """Raise a clear error where a kernel cannot run: CPU tensors without the interpreter."""
     if not INTERPRET and any(t.is_cpu for t in tensors):
-        raise RuntimeError("minillm's Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 in the environment "
-                           "before minillm.kernels is first imported, to run them on the CPU in Triton's "
-                           "interpreter (slow; for tests and the course). attention_backend='torch' runs anywhere.")
+        raise RuntimeError(
+            "minillm's Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 in the environment "
+            "before minillm.kernels is first imported, to run them on the CPU in Triton's "
+            "interpreter (slow; for tests and the course). attention_backend='torch' runs anywhere."
+        )
 
 
 @contextmanager

@@ -5,6 +5,7 @@ means a data-dependent number of rows; here each program reads its own slot and 
 -1, so nothing is synchronised and a CUDA graph can record the launch. vLLM's kernel is
 `reshape_and_cache_flash`; nano-vllm's is this one, `store_kvcache_kernel`.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -13,8 +14,17 @@ from minillm.kernels.common import check_device, jit, kernel_errors
 
 
 @jit
-def store_kvcache_kernel(key_ptr, key_stride, value_ptr, value_stride, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
-                         D: tl.constexpr, BLOCK_D: tl.constexpr):
+def store_kvcache_kernel(
+    key_ptr,
+    key_stride,
+    value_ptr,
+    value_stride,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_mapping_ptr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """Copy token t's key and value into cache slot slot_mapping[t]; program t does token t (grid: num_tokens).
 
     key_ptr, value_ptr: the step's keys and values [num_tokens, kv_heads, head_dim]; one token's
@@ -48,8 +58,9 @@ def store_kvcache_kernel(key_ptr, key_stride, value_ptr, value_stride, k_cache_p
     # END EXERCISE
 
 
-def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  slot_mapping: torch.Tensor) -> None:
+def store_kvcache(
+    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Write key/value [num_tokens, kv_heads, head_dim] into their slots of k_cache/v_cache, in place; slot -1
     skipped. Same contract as minillm.layers.paged_attention.store_kvcache, as one kernel launch."""
     check_device(key, value, k_cache, v_cache, slot_mapping)
@@ -61,5 +72,14 @@ def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
     if num_tokens == 0:
         return
     with kernel_errors():
-        store_kvcache_kernel[(num_tokens,)](key, key.stride(0), value, value.stride(0), k_cache, v_cache,
-                                            slot_mapping, D=D, BLOCK_D=triton.next_power_of_2(D))
+        store_kvcache_kernel[(num_tokens,)](
+            key,
+            key.stride(0),
+            value,
+            value.stride(0),
+            k_cache,
+            v_cache,
+            slot_mapping,
+            D=D,
+            BLOCK_D=triton.next_power_of_2(D),
+        )

@@ -8,6 +8,7 @@ by block. The query heads that share a KV head (GQA) are handled together, so ea
 all of them. This is vLLM's `paged_attention_v1` layout; flash-decoding goes further and splits one long
 context over several programs, merging their partial results the same way the update below merges blocks.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -47,10 +48,26 @@ def online_softmax_update(m_i, l_i, acc, scores, v):
 
 
 @jit
-def paged_decode_attention_kernel(out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
-                                  scale, stride_q, stride_out, stride_block, stride_token, stride_kv_head,
-                                  stride_table, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                                  HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+def paged_decode_attention_kernel(
+    out_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    scale,
+    stride_q,
+    stride_out,
+    stride_block,
+    stride_token,
+    stride_kv_head,
+    stride_table,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
     """Program (seq, kv_head): the GROUP query heads kv_head * GROUP ... of sequence seq attend to its keys."""
     seq, kv_head = tl.program_id(0), tl.program_id(1)
     rows, dims = tl.arange(0, GROUP_PAD), tl.arange(0, HEAD_DIM_PAD)
@@ -74,12 +91,21 @@ def paged_decode_attention_kernel(out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, bloc
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_i, l_i, acc = online_softmax_update(m_i, l_i, acc, scores, v)
     out = acc / l_i[:, None]
-    tl.store(out_ptr + seq * stride_out + heads[:, None] * HEAD_DIM + dims[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=q_mask)
+    tl.store(
+        out_ptr + seq * stride_out + heads[:, None] * HEAD_DIM + dims[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=q_mask,
+    )
 
 
-def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                           context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """Same contract as minillm.layers.paged_attention.paged_decode_attention, as one kernel launch:
     q [num_seqs, heads, head_dim] → [num_seqs, heads, head_dim], each query over its context in the cache."""
     check_device(q, k_cache, v_cache, block_tables, context_lens)
@@ -95,8 +121,23 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     group = num_heads // num_kv_heads
     with kernel_errors():
         paged_decode_attention_kernel[(num_seqs, num_kv_heads)](
-            out, q, k_cache, v_cache, block_tables, context_lens, scale, q.stride(0), out.stride(0),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-            GROUP=group, GROUP_PAD=triton.next_power_of_2(group), HEAD_DIM=head_dim,
-            HEAD_DIM_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size)
+            out,
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            context_lens,
+            scale,
+            q.stride(0),
+            out.stride(0),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            block_tables.stride(0),
+            GROUP=group,
+            GROUP_PAD=triton.next_power_of_2(group),
+            HEAD_DIM=head_dim,
+            HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
+            BLOCK_SIZE=block_size,
+        )
     return out

@@ -6,6 +6,7 @@ is done: the same fusion inductor finds in chapter 08, written by hand. vLLM's n
 `fused_add_rms_norm` (which updates its inputs in place; these return new tensors, as minillm's torch
 versions in minillm.layers.rms_norm do).
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -27,8 +28,9 @@ def rms_norm_kernel(out_ptr, x_ptr, weight_ptr, row_stride, N, eps, BLOCK_N: tl.
 
 
 @jit
-def add_rms_norm_kernel(out_ptr, residual_out_ptr, x_ptr, residual_ptr, weight_ptr, row_stride, N, eps,
-                        BLOCK_N: tl.constexpr):
+def add_rms_norm_kernel(
+    out_ptr, residual_out_ptr, x_ptr, residual_ptr, weight_ptr, row_stride, N, eps, BLOCK_N: tl.constexpr
+):
     """Program r: s = x[r] + residual[r]; residual_out[r] = s; out[r] = s / sqrt(mean(s²) + eps) * weight.
 
     x_ptr, residual_ptr: the sublayer's output and the residual stream, [rows, N] in one float dtype, row r
@@ -72,19 +74,30 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out = torch.empty_like(rows)
     if rows.numel():
         with kernel_errors():
-            rms_norm_kernel[(rows.shape[0],)](out, rows, weight, rows.stride(0), rows.shape[1], eps,
-                                              BLOCK_N=triton.next_power_of_2(rows.shape[1]))
+            rms_norm_kernel[(rows.shape[0],)](
+                out, rows, weight, rows.stride(0), rows.shape[1], eps, BLOCK_N=triton.next_power_of_2(rows.shape[1])
+            )
     return out.view(x.shape)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """minillm.layers.rms_norm.add_rms_norm as one kernel: (rms_norm(x + residual), x + residual), inputs unchanged."""
     check_device(x, residual, weight)
     xs, rs = _rows(x), _rows(residual)
     out, new_residual = torch.empty_like(xs), torch.empty_like(xs)
     if xs.numel():
         with kernel_errors():
-            add_rms_norm_kernel[(xs.shape[0],)](out, new_residual, xs, rs, weight, xs.stride(0), xs.shape[1], eps,
-                                                BLOCK_N=triton.next_power_of_2(xs.shape[1]))
+            add_rms_norm_kernel[(xs.shape[0],)](
+                out,
+                new_residual,
+                xs,
+                rs,
+                weight,
+                xs.stride(0),
+                xs.shape[1],
+                eps,
+                BLOCK_N=triton.next_power_of_2(xs.shape[1]),
+            )
     return out.view(x.shape), new_residual.view(x.shape)

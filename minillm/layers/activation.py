@@ -1,4 +1,5 @@
 """SwiGLU's activation: the gate and up projections arrive packed in one tensor."""
+
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,4 +1,5 @@
 """Attention: each token's query looks at the keys of itself and the tokens before it (causal)."""
+
 import functools
 import itertools
 import weakref
@@ -6,14 +7,28 @@ import weakref
 import torch
 from torch import nn
 
-from minillm.layers.paged_attention import (gather_context, paged_decode_attention, prefill_attention, store_decode_kvcache,
-                                            store_kvcache)
 from minillm.layers.activation import SiluAndMul
-from minillm.layers.cpu_kernels import (cpu_kernels, embed_packed, linear_packed, norm_cpu, pack_weights,
-                                        paged_decode_attention_cpu, release_freed_memory, rotary_cpu,
-                                        silu_and_mul_cpu, store_kvcache_cpu)
+from minillm.layers.cpu_kernels import (
+    cpu_kernels,
+    embed_packed,
+    linear_packed,
+    norm_cpu,
+    pack_weights,
+    paged_decode_attention_cpu,
+    release_freed_memory,
+    rotary_cpu,
+    silu_and_mul_cpu,
+    store_kvcache_cpu,
+)
 from minillm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from minillm.layers.linear import LinearBase, RowParallelLinear
+from minillm.layers.paged_attention import (
+    gather_context,
+    paged_decode_attention,
+    prefill_attention,
+    store_decode_kvcache,
+    store_kvcache,
+)
 from minillm.layers.rms_norm import RMSNorm
 from minillm.layers.rotary import RotaryEmbedding
 from minillm.utils.context import Context, get_context
@@ -93,8 +108,11 @@ class TorchAttentionBackend:
         for a in range(0, len(q), self.decode_rows):
             b = a + self.decode_rows
             width = -(-max(ctx.context_lens_cpu[a:b]) // block_size)
-            out.append(paged_decode_attention(q[a:b], k_cache, v_cache, ctx.block_tables[a:b, :width],
-                                              ctx.context_lens[a:b], scale))
+            out.append(
+                paged_decode_attention(
+                    q[a:b], k_cache, v_cache, ctx.block_tables[a:b, :width], ctx.context_lens[a:b], scale
+                )
+            )
         return torch.cat(out)
 
 
@@ -117,8 +135,14 @@ class CPUAttentionBackend(TorchAttentionBackend):
         copy: the plain one is freed), the tied embedding table included, which then looks rows up in it; the
         norms, the activation and the rotary embedding get their C++ kernels."""
         tables = {id(m.weight): m for m in model.modules() if type(m) is VocabParallelEmbedding}
-        layers = [m for m in model.modules() if runs_kernel(m) and m.weight.is_cpu and m.weight.dtype == torch.float32
-                  and (id(m.weight) not in tables or tables[id(m.weight)].tp_size == 1)]
+        layers = [
+            m
+            for m in model.modules()
+            if runs_kernel(m)
+            and m.weight.is_cpu
+            and m.weight.dtype == torch.float32
+            and (id(m.weight) not in tables or tables[id(m.weight)].tp_size == 1)
+        ]
         if not self.built or not layers:
             return
         for layer, packed in zip(layers, pack_weights([m.weight for m in layers])):
@@ -146,8 +170,9 @@ class CPUAttentionBackend(TorchAttentionBackend):
 
     def decode_in_graph(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor | None:
         if q.is_cpu and q.dtype == torch.float32 and self.built:
-            return torch.ops.minillm_cpu.decode_attention(q, k, v, k_cache, v_cache, ctx.slot_mapping,
-                                                          ctx.block_tables, ctx.context_lens, scale)
+            return torch.ops.minillm_cpu.decode_attention(
+                q, k, v, k_cache, v_cache, ctx.slot_mapping, ctx.block_tables, ctx.context_lens, scale
+            )
         return None
 
 
@@ -167,6 +192,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
 
     def __init__(self):
         from minillm import kernels  # here, not at the top: Triton reads TRITON_INTERPRET when kernels are defined
+
         self.kernels = kernels
 
     def store_kvcache(self, k, v, k_cache, v_cache, ctx: Context) -> None:

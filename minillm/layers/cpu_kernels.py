@@ -18,6 +18,7 @@ so built for this machine), once: the build is cached in torch's extensions dire
 the instruction-set level and a digest of the flags, sources and CPU (extension_name). Where they cannot be
 built, `cpu_kernels` says why in one warning and returns False, and callers keep the torch path.
 """
+
 import ctypes
 import functools
 import hashlib
@@ -31,8 +32,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-SOURCES = [Path(__file__).parents[1] / "kernels" / "csrc" / name for name in
-           ("paged_attention_cpu.cpp", "kv_cache_cpu.cpp", "linear_cpu.cpp", "layers_cpu.cpp")]
+SOURCES = [
+    Path(__file__).parents[1] / "kernels" / "csrc" / name
+    for name in ("paged_attention_cpu.cpp", "kv_cache_cpu.cpp", "linear_cpu.cpp", "layers_cpu.cpp")
+]
 
 
 def extension_name(isa: str, flags: list[str]) -> str:
@@ -43,8 +46,11 @@ def extension_name(isa: str, flags: list[str]) -> str:
     for source in SOURCES:
         digest.update(source.read_bytes())
     cpuinfo = Path("/proc/cpuinfo")
-    features = next((line for line in cpuinfo.read_text().splitlines() if line.startswith(("flags", "Features"))),
-                    "") if cpuinfo.exists() else platform.processor()
+    features = (
+        next((line for line in cpuinfo.read_text().splitlines() if line.startswith(("flags", "Features"))), "")
+        if cpuinfo.exists()
+        else platform.processor()
+    )
     digest.update(features.encode())
     return f"minillm_cpu_{isa.lower()}_{digest.hexdigest()[:12]}"
 
@@ -55,18 +61,29 @@ def cpu_kernels() -> bool:
     warning) if it cannot be built. The ops are registered as custom ops, so torch.compile keeps them opaque."""
     try:
         from torch.utils.cpp_extension import load
+
         if shutil.which("ninja") is None:  # the ninja wheel's binary, when the environment's bin is not on PATH
             import ninja
+
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
         isa = torch.backends.cpu.get_cpu_capability()  # at::vec's instruction set, as torch's own kernels pick it
         flags = ["-O3", "-march=native", "-fopenmp", f"-DCPU_CAPABILITY={isa}", f"-DCPU_CAPABILITY_{isa}"]
-        load(extension_name(isa, flags), [str(s) for s in SOURCES], extra_cflags=flags, extra_ldflags=["-fopenmp"],
-             is_python_module=False)
+        load(
+            extension_name(isa, flags),
+            [str(s) for s in SOURCES],
+            extra_cflags=flags,
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+        )
     except Exception as e:  # no compiler, no ninja, a failed build: the engine runs on without the kernels
         lines = str(e).splitlines() or [repr(e)]  # a failed build: its first line is the command, then the errors
         reason = next((line for line in lines[1:] if "error" in line), lines[0])[:300]
-        warnings.warn(f"minillm: the CPU kernels could not be built ({type(e).__name__}: {reason}); decode "
-                      "attention and small matmuls take the slower torch path", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"minillm: the CPU kernels could not be built ({type(e).__name__}: {reason}); decode "
+            "attention and small matmuls take the slower torch path",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return False
     torch.library.register_fake("minillm_cpu::paged_decode_attention")(lambda q, *args: torch.empty_like(q))
     torch.library.register_fake("minillm_cpu::decode_attention")(lambda q, *args: torch.empty_like(q))
@@ -74,21 +91,34 @@ def cpu_kernels() -> bool:
     torch.library.register_fake("minillm_cpu::rms_norm")(lambda x, w, eps: x.new_empty(x.shape))
     torch.library.register_fake("minillm_cpu::add_rms_norm")(lambda x, r, w, eps: (x.new_empty(x.shape),) * 2)
     torch.library.register_fake("minillm_cpu::silu_and_mul")(lambda x: x.new_empty(*x.shape[:-1], x.shape[-1] // 2))
-    torch.library.register_fake("minillm_cpu::rotary")(lambda pos, q, k, cache: (q.new_empty(q.shape),
-                                                                                 k.new_empty(k.shape)))
+    torch.library.register_fake("minillm_cpu::rotary")(
+        lambda pos, q, k, cache: (q.new_empty(q.shape), k.new_empty(k.shape))
+    )
     return True
 
 
-def paged_decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                               block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+def paged_decode_attention_cpu(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """minillm.layers.paged_attention.paged_decode_attention for float32 CPU tensors, read in place: same
     arguments, same result (to float rounding). Every context_lens[i] must be ≥ 1; table entries past a
     sequence's context (the -1 padding) are never read. Call `cpu_kernels()` first, which builds it."""
     return torch.ops.minillm_cpu.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
 
 
-def store_kvcache_cpu(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      slot_mapping: torch.Tensor, is_prefill: bool = True) -> None:
+def store_kvcache_cpu(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    is_prefill: bool = True,
+) -> None:
     """In place, token t's key and value to slot slot_mapping[t]: minillm.layers.paged_attention.store_kvcache
     (a prefill: slot -1 writes nothing) or, with is_prefill False, store_decode_kvcache (slot -1 is a padded
     row's, written to the spare last slot). For CPU tensors; call `cpu_kernels()` first, which builds it."""
@@ -112,9 +142,9 @@ def pack_weight(weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.
     panel = panel_width()
     out = empty_packed(rows, inputs) if out is None else out
     full = rows - rows % panel  # whole panels straight from the weight, then the last one padded with zeros
-    out[:full // panel].copy_(weight[:full].detach().view(-1, panel, inputs).transpose(1, 2))
+    out[: full // panel].copy_(weight[:full].detach().view(-1, panel, inputs).transpose(1, 2))
     if full < rows:
-        out[-1].zero_()[:, :rows - full].copy_(weight[full:].detach().T)
+        out[-1].zero_()[:, : rows - full].copy_(weight[full:].detach().T)
     return out
 
 
@@ -125,7 +155,7 @@ def pack_weights(weights: list[torch.Tensor]) -> list[torch.Tensor]:
     shapes = [(-(-w.shape[0] // panel), w.shape[1], panel) for w in weights]
     arena = torch.ops.minillm_cpu.empty_pages([sum(a * b * c for a, b, c in shapes)])
     offsets = itertools.accumulate((a * b * c for a, b, c in shapes), initial=0)
-    return [pack_weight(w, arena[o:o + a * b * c].view(a, b, c)) for w, o, (a, b, c) in zip(weights, offsets, shapes)]
+    return [pack_weight(w, arena[o : o + a * b * c].view(a, b, c)) for w, o, (a, b, c) in zip(weights, offsets, shapes)]
 
 
 def empty_packed(out: int, inputs: int) -> torch.Tensor:
@@ -135,8 +165,9 @@ def empty_packed(out: int, inputs: int) -> torch.Tensor:
     return torch.ops.minillm_cpu.empty_pages([-(-out // panel), inputs, panel])
 
 
-def linear_packed(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None, *,
-                  out_features: int) -> torch.Tensor:
+def linear_packed(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None, *, out_features: int
+) -> torch.Tensor:
     """F.linear(x, weight, bias) for float32 CPU tensors by the C++ kernel on packed = pack_weight(weight): a
     matrix-vector product for one or two rows of x (its leading dimensions flattened), a register-tiled matmul
     for more. Call `cpu_kernels()` first."""
@@ -144,8 +175,9 @@ def linear_packed(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return y.view(*x.shape[:-1], out_features)
 
 
-def linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-               packed: torch.Tensor | None = None) -> torch.Tensor:
+def linear_cpu(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, packed: torch.Tensor | None = None
+) -> torch.Tensor:
     """F.linear(x, weight, bias), by linear_packed where `packed` (pack_weight(weight)) is given and x is float32
     on the CPU, else by F.linear."""
     if packed is None or x.dtype != torch.float32 or not x.is_cpu:

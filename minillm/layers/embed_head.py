@@ -1,4 +1,5 @@
 """Token embedding and the LM head that turns the last hidden state into next-token logits."""
+
 import torch
 from torch import nn
 
@@ -48,8 +49,9 @@ def lm_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     # END EXERCISE
 
 
-def vocab_parallel_embed(input_ids: torch.Tensor, weight: torch.Tensor, vocab_start: int,
-                         group: TensorParallelGroup | None) -> torch.Tensor:
+def vocab_parallel_embed(
+    input_ids: torch.Tensor, weight: torch.Tensor, vocab_start: int, group: TensorParallelGroup | None
+) -> torch.Tensor:
     """Embedding lookup when the table is split by vocabulary: each rank holds rows vocab_start ..
     vocab_start + n - 1 of the whole table (`weight`, [n, hidden]), looks up the ids that fall in its range,
     gives zero rows for the others, and an all-reduce adds the ranks' answers, in which every id is non-zero on

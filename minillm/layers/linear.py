@@ -5,6 +5,7 @@ group into one matmul. Each parameter carries a `weight_loader(param, loaded_wei
 a checkpoint tensor into its slice, so the loader needs no knowledge of the layout. The names are vLLM's:
 chapter 10 splits these layers across tensor-parallel ranks.
 """
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -53,8 +54,9 @@ def qkv_shard_range(shard_id: str, num_heads: int, num_kv_heads: int, head_dim: 
     # END EXERCISE
 
 
-def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tp_rank: int,
-                        group: TensorParallelGroup | None) -> torch.Tensor:
+def row_parallel_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tp_rank: int, group: TensorParallelGroup | None
+) -> torch.Tensor:
     """The forward pass of a row-parallel linear layer on one rank: a partial y, summed over the ranks.
 
     W, [out, in], is split by input features (columns): this rank holds `weight`, [out, in / tp_size], and `x`
@@ -64,8 +66,8 @@ def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     a no-op for group None). `bias`, [out] or None, is whole on every rank: add it on rank 0 only (tp_rank 0),
     before the all-reduce, or it would be counted tp_size times. Returns [tokens, out], the same on every rank.
     The tests run two and three ranks in one process with a test double for the group that records each
-    all-reduce (in its list `reduced`), check that each rank calls it exactly once, that the partials sum to the unsplit layer's output, and that
-    the bias is counted once.
+    all-reduce (in its list `reduced`), check that each rank calls it exactly once, that the partials sum to the
+    unsplit layer's output, and that the bias is counted once.
 
     Example: x_whole = [[1, 2]], W = [[1, 1]], bias [10], 2 ranks: rank 0 has x [[1]], W [[1]] and partial
     1 + 10 = 11; rank 1 has x [[2]], W [[1]] and partial 2; the all-reduce gives [[13]] on both.
@@ -75,8 +77,9 @@ def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     # END EXERCISE
 
 
-def copy_checked(dst: torch.Tensor, src: torch.Tensor, what: str, dim: int | None = None, rank: int = 0,
-                 tp_size: int = 1) -> None:
+def copy_checked(
+    dst: torch.Tensor, src: torch.Tensor, what: str, dim: int | None = None, rank: int = 0, tp_size: int = 1
+) -> None:
     """Copy src into dst, or say which tensor has the wrong shape and what was expected. With `dim`, src is the
     whole checkpoint tensor, split in tp_size equal parts along dim, and dst receives part `rank`."""
     expected = [n * (tp_size if d == dim else 1) for d, n in enumerate(dst.shape)]
@@ -144,8 +147,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: int):
         size = self.output_sizes[shard_id]
         offset = sum(self.output_sizes[:shard_id])
-        copy_checked(param.data.narrow(0, offset, size), loaded_weight, f"shard {shard_id}", 0, self.tp_rank,
-                     self.tp_size)
+        copy_checked(
+            param.data.narrow(0, offset, size), loaded_weight, f"shard {shard_id}", 0, self.tp_rank, self.tp_size
+        )
 
 
 class QKVParallelLinear(MergedColumnParallelLinear):
@@ -158,5 +162,6 @@ class QKVParallelLinear(MergedColumnParallelLinear):
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str):
         offset, size = qkv_shard_range(shard_id, self.num_heads, self.num_kv_heads, self.head_dim, self.tp_size)
-        copy_checked(param.data.narrow(0, offset, size), loaded_weight, f"{shard_id}_proj", 0, self.tp_rank,
-                     self.tp_size)
+        copy_checked(
+            param.data.narrow(0, offset, size), loaded_weight, f"{shard_id}_proj", 0, self.tp_rank, self.tp_size
+        )

@@ -4,6 +4,7 @@ The cache of one layer is [num_blocks, block_size, num_kv_heads, head_dim]. Toke
 in slot block_table[t // block_size] * block_size + t % block_size: a sequence's keys need not be
 contiguous, only its block table is.
 """
+
 import torch
 import torch.nn.functional as F
 from torch.backends.cuda import SDPAParams, can_use_flash_attention
@@ -32,8 +33,9 @@ def slot_mapping_for(block_table: list[int], start: int, end: int, block_size: i
     # END EXERCISE
 
 
-def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  slot_mapping: torch.Tensor) -> None:
+def store_kvcache(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Write each token's key and value [tokens, kv_heads, head_dim] into its slot; slot -1 means skip.
 
     k, v: [num_tokens, kv_heads, head_dim], the keys and values this step computed.
@@ -57,8 +59,9 @@ def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cac
     # END EXERCISE
 
 
-def store_decode_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                         slot_mapping: torch.Tensor) -> None:
+def store_decode_kvcache(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """store_kvcache for a decode step, without the mask: every row's slot is its own, or PAD_SLOT_ID (-1) for
     a padded row, which indexes the last slot of the cache, a spare one the model runner never hands out. So
     the step's work does not depend on how many rows are real: a mask would pick a data-dependent number of
@@ -70,9 +73,9 @@ def store_decode_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor
 def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
     """Each sequence's blocks in table order, as positions: [num_seqs, max_blocks * block_size, kv_heads, head_dim].
 
-    `index_select(0, ids)` is `cache[ids]` along the first dimension, done as one copy of whole blocks (several
-    times faster than fancy indexing on a CPU when blocks are small). The -1 entries that pad short tables read block 0: a mask must hide those
-    positions, as it hides the unwritten slots at the end of each sequence's last block.
+    `index_select(0, ids)` is `cache[ids]` along the first dimension, done as one copy of whole blocks (fancy
+    indexing copies number by number). The -1 entries that pad short tables read block 0: a mask must hide
+    those positions, as it hides the unwritten slots at the end of each sequence's last block.
     """
     num_seqs, width = block_tables.shape
     blocks = cache.flatten(1).index_select(0, block_tables.clamp(min=0).flatten())
@@ -81,12 +84,17 @@ def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
 
 def gather_context(cache: torch.Tensor, block_tables: torch.Tensor, cu_seqlens_k: list[int]) -> torch.Tensor:
     """Every sequence's whole context from the cache, packed end to end like cu_seqlens_k describes."""
-    return torch.cat([gather_kv(cache, block_tables[i:i + 1])[0, :e - s]
-                      for i, (s, e) in enumerate(zip(cu_seqlens_k[:-1], cu_seqlens_k[1:]))])
+    return torch.cat(
+        [
+            gather_kv(cache, block_tables[i : i + 1])[0, : e - s]
+            for i, (s, e) in enumerate(zip(cu_seqlens_k[:-1], cu_seqlens_k[1:]))
+        ]
+    )
 
 
-def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: list[int],
-                      cu_seqlens_k: list[int], scale: float) -> torch.Tensor:
+def prefill_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: list[int], cu_seqlens_k: list[int], scale: float
+) -> torch.Tensor:
     """Causal attention for several sequences packed end to end (varlen).
 
     Sequence i has queries q[cu_seqlens_q[i]:cu_seqlens_q[i+1]] and keys k[cu_seqlens_k[i]:...]. When it has
@@ -97,7 +105,10 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     for i in range(len(cu_seqlens_q) - 1):
         qs, qe, ks, ke = cu_seqlens_q[i], cu_seqlens_q[i + 1], cu_seqlens_k[i], cu_seqlens_k[i + 1]
         out[qs:qe] = causal_sdpa(  # [1, heads, tokens, head_dim]: 4-D takes the fused kernels
-            q[None, qs:qe].transpose(1, 2), k[None, ks:ke].transpose(1, 2), v[None, ks:ke].transpose(1, 2), scale,
+            q[None, qs:qe].transpose(1, 2),
+            k[None, ks:ke].transpose(1, 2),
+            v[None, ks:ke].transpose(1, 2),
+            scale,
         )[0].transpose(0, 1)
     return out
 
@@ -123,8 +134,14 @@ def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(nq, nk), scale=scale, enable_gqa=gqa)
 
 
-def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """One new query per sequence, q [num_seqs, heads, head_dim], attending to its context in the paged cache.
 
     q: [num_seqs, heads, head_dim], the query of each sequence's newest token.
@@ -152,7 +169,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     valid = torch.arange(max_len, device=q.device) < context_lens[:, None]  # [seqs, max_len]
     # GQA: the query heads sharing a KV head become that head's few "query positions", so K/V are never repeated
     q = q.view(num_seqs, kv_heads, -1, head_dim)
-    out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=valid[:, None, None, :],
-                                         scale=scale)
+    out = F.scaled_dot_product_attention(
+        q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=valid[:, None, None, :], scale=scale
+    )
     return out.reshape(num_seqs, -1, head_dim)
     # END EXERCISE

@@ -1,4 +1,5 @@
 """RMSNorm: scale each vector to unit root-mean-square, then by a learned per-channel weight."""
+
 import torch
 from torch import nn
 
@@ -29,8 +30,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # END EXERCISE
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A layer's residual add and the RMSNorm that follows it, as one function: (rms_norm(x + residual), x + residual).
 
     x is a sublayer's output and residual the running sum of the layer's input and earlier outputs, both

@@ -4,6 +4,7 @@ Channel i is paired with channel i + head_dim/2 (the "neox" layout Qwen and Llam
 pair is rotated by position * inv_freq[i]. A dot product of two rotated vectors then depends only on the
 distance between their positions.
 """
+
 import math
 
 import torch

@@ -1,4 +1,5 @@
 """Turning next-token logits into tokens, one row per sequence, each row with its own sampling parameters."""
+
 from dataclasses import dataclass, field
 
 import torch
@@ -51,8 +52,9 @@ class SamplingMetadata:
     generators: dict[int, torch.Generator] = field(default_factory=dict)  # row -> a seeded request's generator
 
     @classmethod
-    def build(cls, params: list[SamplingParams], generators: list[torch.Generator | None],
-              device: torch.device | str = "cpu") -> "SamplingMetadata":
+    def build(
+        cls, params: list[SamplingParams], generators: list[torch.Generator | None], device: torch.device | str = "cpu"
+    ) -> "SamplingMetadata":
         rows = [i for i, p in enumerate(params) if p.temperature > 0 and (p.top_k > 0 or p.top_p < 1)]
         tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=device)
         return cls(

@@ -1,4 +1,5 @@
 """Model classes by the architecture name a checkpoint's config.json gives, and the one call that loads them."""
+
 from pathlib import Path
 
 import torch

@@ -3,6 +3,7 @@
 `get` converts the checkpoint if it is not in the cache yet and prints its directory as the last line, so a
 script can take it: `DIR=$(python -m minillm.models get HuggingFaceTB/SmolLM2-135M-Instruct | tail -1)`.
 """
+
 import argparse
 import sys
 

@@ -7,6 +7,7 @@ floats. Two layout details: a GGUF lists a matrix's dimensions in reverse (numpy
 what reading it gives), and llama.cpp's converter permutes LLaMA's q_proj and k_proj rows so that its rotary
 kernel can rotate adjacent pairs; `unpermute` undoes that for Hugging Face's rotate-the-halves convention.
 """
+
 from pathlib import Path
 
 import numpy as np
@@ -67,10 +68,14 @@ def gguf_config(reader) -> dict:
     names = {t.name for t in reader.tensors}
     heads, hidden = get("attention.head_count"), get("embedding_length")
     return {
-        "architectures": [GGUF_ARCHITECTURES[arch]], "model_type": arch, "hidden_act": "silu",
+        "architectures": [GGUF_ARCHITECTURES[arch]],
+        "model_type": arch,
+        "hidden_act": "silu",
         "vocab_size": get("vocab_size") or len(field(reader, "tokenizer.ggml.tokens")),
-        "hidden_size": hidden, "intermediate_size": get("feed_forward_length"),
-        "num_hidden_layers": get("block_count"), "num_attention_heads": heads,
+        "hidden_size": hidden,
+        "intermediate_size": get("feed_forward_length"),
+        "num_hidden_layers": get("block_count"),
+        "num_attention_heads": heads,
         "num_key_value_heads": get("attention.head_count_kv", heads),
         "head_dim": get("attention.key_length", hidden // heads),
         "max_position_embeddings": get("context_length"),

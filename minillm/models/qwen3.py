@@ -2,6 +2,7 @@
 
 Tokens arrive flat: input_ids and positions are 1-D, hidden states are [tokens, hidden_size].
 """
+
 import torch
 from torch import nn
 
@@ -23,8 +24,9 @@ class Qwen3Attention(nn.Module):
         self.num_heads = divide(c.num_attention_heads, tp_size, "attention heads")
         self.num_kv_heads = divide(c.num_key_value_heads, tp_size, "key/value heads")
         self.head_dim = c.head_dim
-        self.qkv_proj = QKVParallelLinear(c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads,
-                                          bias=c.qkv_bias)
+        self.qkv_proj = QKVParallelLinear(
+            c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads, bias=c.qkv_bias
+        )
         self.o_proj = RowParallelLinear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=c.o_bias)
         self.rotary_emb = rotary_emb  # one cos/sin table, shared by every layer
         self.attn = Attention(self.num_heads, c.head_dim, c.head_dim**-0.5, self.num_kv_heads)

@@ -1,4 +1,5 @@
 """The baselines the early chapters build and the benchmarks compare against."""
+
 from minillm.naive.generate import generate_cached, generate_naive
 from minillm.naive.static_batch import generate_static
 

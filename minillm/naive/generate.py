@@ -1,4 +1,5 @@
 """The baseline generators: recompute everything per token (chapter 03), or keep a contiguous KV cache (04)."""
+
 from collections.abc import Callable, Iterator
 
 import torch
@@ -9,9 +10,16 @@ from minillm.sampling_params import SamplingParams
 from minillm.utils.context import Context, reset_context, set_context
 
 
-def sample_loop(next_logits: Callable[[list[int]], torch.Tensor], prompt_ids: list[int], max_new_tokens: int,
-                temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-                eos_token_ids: list[int] = ()) -> Iterator[int]:
+def sample_loop(
+    next_logits: Callable[[list[int]], torch.Tensor],
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    eos_token_ids: list[int] = (),
+) -> Iterator[int]:
     """Yield up to max_new_tokens tokens, each sampled from next_logits(all ids so far); stop after an EOS."""
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     md = SamplingMetadata.build([SamplingParams(temperature, top_k, top_p)], [generator])
@@ -52,12 +60,24 @@ def generate_cached(model, prompt_ids: list[int], max_new_tokens: int, **samplin
     def next_logits(ids):
         n = len(ids)
         if n == len(prompt_ids):  # prefill: every prompt token, slots 0..n-1
-            set_context(Context(is_prefill=True, cu_seqlens_q_cpu=[0, n], cu_seqlens_k_cpu=[0, n],
-                                slot_mapping=torch.arange(n, device=device)))
+            set_context(
+                Context(
+                    is_prefill=True,
+                    cu_seqlens_q_cpu=[0, n],
+                    cu_seqlens_k_cpu=[0, n],
+                    slot_mapping=torch.arange(n, device=device),
+                )
+            )
             x, pos = torch.tensor(ids, device=device), torch.arange(n, device=device)
         else:  # decode: only the newest token, at position and slot n-1
-            set_context(Context(slot_mapping=torch.tensor([n - 1], device=device), block_tables=block_tables,
-                                context_lens=torch.tensor([n], device=device), context_lens_cpu=[n]))
+            set_context(
+                Context(
+                    slot_mapping=torch.tensor([n - 1], device=device),
+                    block_tables=block_tables,
+                    context_lens=torch.tensor([n], device=device),
+                    context_lens_cpu=[n],
+                )
+            )
             x, pos = torch.tensor(ids[-1:], device=device), torch.tensor([n - 1], device=device)
         return model.compute_logits(model(x, pos)[-1])
 

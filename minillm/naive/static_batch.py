@@ -5,6 +5,7 @@ reserves blocks for its maximum length up front (as a contiguous cache would), f
 seat (their rows are still computed, as padding rows are in a padded batch), and nobody joins until the
 whole batch is done.
 """
+
 import time
 
 import torch
@@ -15,17 +16,20 @@ from minillm.engine.sequence import Sequence, SequenceStatus
 from minillm.sampling_params import SamplingParams
 
 
-def generate_static(engine: LLMEngine, prompts: list[list[int]], sampling_params: list[SamplingParams],
-                    batch_size: int) -> list[Sequence]:
+def generate_static(
+    engine: LLMEngine, prompts: list[list[int]], sampling_params: list[SamplingParams], batch_size: int
+) -> list[Sequence]:
     """Run prompts batch_size at a time on engine's model and KV cache; the finished Sequences, in order.
     Every request's arrival time is the call's start, so latencies compare with the engine's."""
     if batch_size > engine.config.max_num_seqs:
-        raise ValueError(f"batch_size={batch_size} exceeds the engine's max_num_seqs={engine.config.max_num_seqs}: "
-                         "lower it, or make the engine with a larger max_num_seqs")
+        raise ValueError(
+            f"batch_size={batch_size} exceeds the engine's max_num_seqs={engine.config.max_num_seqs}: "
+            "lower it, or make the engine with a larger max_num_seqs"
+        )
     seqs = [Sequence(p, sp) for p, sp in zip(prompts, sampling_params)]
     start = time.perf_counter()
     for i in range(0, len(seqs), batch_size):
-        batch = seqs[i:i + batch_size]
+        batch = seqs[i : i + batch_size]
         for seq in batch:
             seq.arrival_time = start
             engine.block_manager.reserve(seq, len(seq) + seq.sampling_params.max_tokens)

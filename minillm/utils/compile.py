@@ -11,6 +11,7 @@ Each compiled call pays a fixed host cost (dynamo's guards, the AOT wrappers): a
 course's 2-core CPU, more than the few eager ops it replaces cost at decode sizes. So it pays where the device
 is fast and inside a CUDA graph (which replays the fused kernels without the host), not op by op on a CPU.
 """
+
 from contextlib import contextmanager
 from functools import cache
 
@@ -53,6 +54,7 @@ def compiled(fn):
 
     def run(*args):
         return graph(*mark_token_dims(args))
+
     return run
 
 

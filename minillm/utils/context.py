@@ -4,6 +4,7 @@ A model's forward takes only token ids and positions; how those tokens are group
 where their keys and values live in the KV cache travels here instead, as in vLLM and nano-vllm. The
 host-side copies (`*_cpu`) let a layer loop over sequences without asking the device.
 """
+
 from dataclasses import dataclass, field
 
 import torch

@@ -1,4 +1,5 @@
 """Load a Hugging Face checkpoint directory into a minillm model, tensor by tensor, through weight_loaders."""
+
 from pathlib import Path
 
 import torch
@@ -25,9 +26,11 @@ def resolve_model_path(model: str | Path) -> Path:
         return get_model(str(model))
     known = ", ".join(KNOWN_MODELS)
     if path.is_absolute() or str(model).startswith((".", "~")) or str(model).count("/") != 1:  # not "org/name"
-        raise FileNotFoundError(f"no checkpoint directory at {str(model)!r}: pass the path of a directory holding "
-                                "config.json, *.safetensors and tokenizer.json, a hub id minillm obtains offline "
-                                f"({known}), or LLM() for the default model")
+        raise FileNotFoundError(
+            f"no checkpoint directory at {str(model)!r}: pass the path of a directory holding "
+            "config.json, *.safetensors and tokenizer.json, a hub id minillm obtains offline "
+            f"({known}), or LLM() for the default model"
+        )
     try:
         from huggingface_hub import snapshot_download
 
@@ -53,8 +56,10 @@ def open_safetensors(file: Path):
     try:
         return safe_open(file, "pt", "cpu")
     except Exception as e:
-        raise ValueError(f"{file} is not a readable safetensors file ({e}): it may be truncated or corrupt; "
-                         "copy or download it again") from e
+        raise ValueError(
+            f"{file} is not a readable safetensors file ({e}): it may be truncated or corrupt; "
+            "copy or download it again"
+        ) from e
 
 
 def load_model(model: nn.Module, path: str | Path) -> None:

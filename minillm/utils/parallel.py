@@ -5,6 +5,7 @@ One process alone is rank 0 of 1 and every layer holds all of its matrix. Under 
 (chapter 10) each rank builds the model inside `tensor_parallel(group)`: its layers take their share of the
 weights and keep the group for their all-reduces.
 """
+
 import datetime
 import os
 import pickle
@@ -97,8 +98,11 @@ class TensorParallelGroup:
             data = pickle.dumps(obj) if self.rank == 0 else b""
             length = torch.tensor([len(data)])
             self.control.broadcast(length, 0).wait()
-            payload = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if data
-                       else torch.empty(int(length), dtype=torch.uint8))
+            payload = (
+                torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                if data
+                else torch.empty(int(length), dtype=torch.uint8)
+            )
             self.control.broadcast(payload, 0).wait()
             return obj if self.rank == 0 else pickle.loads(payload.numpy().tobytes())
 
@@ -174,8 +178,9 @@ def get_tp_size() -> int:
 def divide(total: int, parts: int, what: str) -> int:
     """total / parts, or an error naming what does not split evenly across the ranks."""
     if total % parts:
-        raise ValueError(f"{what} ({total}) does not split evenly across tensor_parallel_size={parts}: "
-                         f"choose a size that divides it")
+        raise ValueError(
+            f"{what} ({total}) does not split evenly across tensor_parallel_size={parts}: choose a size that divides it"
+        )
     return total // parts
 
 
@@ -187,21 +192,38 @@ def all_reduce(x: torch.Tensor, group: TensorParallelGroup | None) -> torch.Tens
 def check_tensor_parallel(model_config, size: int, device: str, enforce_eager: bool | None) -> None:
     """Errors, before any process starts, for a tensor_parallel_size this model or machine cannot take."""
     c = model_config
-    for what, total in [("attention heads", c.num_attention_heads), ("key/value heads", c.num_key_value_heads),
-                        ("intermediate size", c.intermediate_size), ("vocabulary size", c.vocab_size)]:
+    for what, total in [
+        ("attention heads", c.num_attention_heads),
+        ("key/value heads", c.num_key_value_heads),
+        ("intermediate size", c.intermediate_size),
+        ("vocabulary size", c.vocab_size),
+    ]:
         if total % size:
-            fits = [n for n in range(1, c.num_key_value_heads + 1) if not (c.num_attention_heads % n or
-                    c.num_key_value_heads % n or c.intermediate_size % n or c.vocab_size % n)]
-            raise ValueError(f"tensor_parallel_size={size} does not divide the model's {what} ({total}): "
-                             f"choose one of {fits}")
+            fits = [
+                n
+                for n in range(1, c.num_key_value_heads + 1)
+                if not (
+                    c.num_attention_heads % n
+                    or c.num_key_value_heads % n
+                    or c.intermediate_size % n
+                    or c.vocab_size % n
+                )
+            ]
+            raise ValueError(
+                f"tensor_parallel_size={size} does not divide the model's {what} ({total}): choose one of {fits}"
+            )
     have = torch.cuda.device_count() if torch.device(device).type == "cuda" else os.cpu_count() or 1
     if size > have:
         unit = "CUDA devices" if torch.device(device).type == "cuda" else "CPU cores"
-        raise ValueError(f"tensor_parallel_size={size} exceeds the {have} {unit} of this machine: one rank per "
-                         f"{unit[:-1]}, so at most {have}")
+        raise ValueError(
+            f"tensor_parallel_size={size} exceeds the {have} {unit} of this machine: one rank per "
+            f"{unit[:-1]}, so at most {have}"
+        )
     if enforce_eager is False and torch.device(device).type == "cpu":
-        raise ValueError("enforce_eager=False with tensor_parallel_size > 1 on a CPU is not supported (a compiled "
-                         "decode step cannot hold the gloo all-reduces): leave enforce_eager at its default")
+        raise ValueError(
+            "enforce_eager=False with tensor_parallel_size > 1 on a CPU is not supported (a compiled "
+            "decode step cannot hold the gloo all-reduces): leave enforce_eager at its default"
+        )
 
 
 def env_store() -> tuple[dist.Store, int, int]:

@@ -6,6 +6,7 @@ shapes the later chapters use (a row, a batch, heads), and on the edge cases its
 
     python -m minillm.course grade 00
 """
+
 import pytest
 import torch
 
@@ -17,6 +18,7 @@ def randn(*shape: int, seed: int = 0) -> torch.Tensor:
 
 
 # 00.1 chosen_scores
+
 
 @pytest.mark.exercise("00.1")
 def test_chosen_scores_picks_the_docstring_example(impl):
@@ -53,6 +55,7 @@ def test_chosen_scores_repeats_ids_and_leaves_its_inputs_alone(impl):
 
 # 00.2 split_heads
 
+
 @pytest.mark.exercise("00.2")
 def test_split_heads_gives_the_docstring_example(impl):
     """[[0..3], [4..7]] in two heads: head 0 takes columns 0-1, head 1 columns 2-3."""
@@ -71,7 +74,7 @@ def test_split_heads_puts_each_block_of_columns_in_its_head(impl, t, h, d):
     out = impl.split_heads(x, h)
     assert out.shape == (h, t, d)
     for head in range(h):
-        assert torch.equal(out[head], x[:, head * d:(head + 1) * d]), f"head {head}"
+        assert torch.equal(out[head], x[:, head * d : (head + 1) * d]), f"head {head}"
 
 
 @pytest.mark.exercise("00.2")
@@ -85,6 +88,7 @@ def test_split_heads_returns_a_view_that_shares_xs_memory(impl):
 
 
 # 00.3 causal_softmax
+
 
 def causal_reference(scores: torch.Tensor) -> torch.Tensor:
     """Row by row: query i (at position Tk - Tq + i) softmaxes over keys 0..Tk-Tq+i; zeros after."""
@@ -104,8 +108,7 @@ def test_causal_softmax_of_zeros_gives_the_docstring_example(impl):
     close(impl.causal_softmax(torch.zeros(2, 3)), torch.tensor([[0.5, 0.5, 0], [third] * 3]))
 
 
-CAUSAL = {"square": (6, 6), "batch and heads": (2, 3, 4, 4), "2 queries of 5 keys": (2, 5),
-          "one new token": (1, 7)}
+CAUSAL = {"square": (6, 6), "batch and heads": (2, 3, 4, 4), "2 queries of 5 keys": (2, 5), "one new token": (1, 7)}
 
 
 @pytest.mark.exercise("00.3")
@@ -132,6 +135,7 @@ def test_causal_softmax_keeps_the_dtype_and_does_not_touch_the_scores(impl):
 
 
 # 00.4 descending_ranks
+
 
 def ranks_reference(row: list[float]) -> list[int]:
     order = sorted(range(len(row)), key=lambda i: -row[i])
@@ -172,6 +176,7 @@ def test_descending_ranks_with_ties_are_still_a_permutation(impl):
 
 # 00.5 pairwise_scores
 
+
 @pytest.mark.exercise("00.5")
 def test_pairwise_scores_gives_the_docstring_example(impl):
     """Two queries, three keys: out[i, j] = q[i] · k[j]."""
@@ -179,10 +184,12 @@ def test_pairwise_scores_gives_the_docstring_example(impl):
     assert torch.equal(impl.pairwise_scores(q, k), torch.tensor([[3.0, 5.0, 7.0], [8.0, 12.0, 16.0]]))
 
 
-BROADCAST = {"one sequence": ((4, 8), (6, 8), (4, 6)),
-             "a batch": ((3, 4, 8), (3, 6, 8), (3, 4, 6)),
-             "keys shared by the batch": ((3, 4, 8), (6, 8), (3, 4, 6)),
-             "batch and heads broadcast": ((2, 1, 4, 8), (1, 5, 6, 8), (2, 5, 4, 6))}
+BROADCAST = {
+    "one sequence": ((4, 8), (6, 8), (4, 6)),
+    "a batch": ((3, 4, 8), (3, 6, 8), (3, 4, 6)),
+    "keys shared by the batch": ((3, 4, 8), (6, 8), (3, 4, 6)),
+    "batch and heads broadcast": ((2, 1, 4, 8), (1, 5, 6, 8), (2, 5, 4, 6)),
+}
 
 
 @pytest.mark.exercise("00.5")

@@ -8,6 +8,7 @@ the same text as decoding everything at once.
 
     python -m minillm.course grade 01
 """
+
 import re
 
 import pytest
@@ -15,8 +16,11 @@ import pytest
 from minillm.course import use_impl
 from minillm.tokenizer import IncrementalDetokenizer
 
-TEXTS = ["Once upon a time, a small fox lived in the forest.", "Élodie mangea une crème brûlée.",
-         "The fox 🦊 saw the moon 🌙 and smiled."]
+TEXTS = [
+    "Once upon a time, a small fox lived in the forest.",
+    "Élodie mangea une crème brûlée.",
+    "The fox 🦊 saw the moon 🌙 and smiled.",
+]
 
 
 class ToyTokenizer:

@@ -9,6 +9,7 @@ corpus never saw (accents, emoji, digits, runs of spaces).
 
     python -m minillm.course grade 01
 """
+
 import pytest
 
 from minillm import default_model_path
@@ -53,8 +54,11 @@ def test_the_input_ranks_are_not_changed(impl):
     assert ranks == THE
 
 
-UNSEEN = ["Zoë ate a crème brûlée under the 🌙 with her 🦊.", "It's 10:45!!  Then   three spaces\n\nand a\ttab.",
-          "Ünïcödé wörds ünd Ελληνικά, 日本語 too."]
+UNSEEN = [
+    "Zoë ate a crème brûlée under the 🌙 with her 🦊.",
+    "It's 10:45!!  Then   three spaces\n\nand a\ttab.",
+    "Ünïcödé wörds ünd Ελληνικά, 日本語 too.",
+]
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ story model must give the same logits and write the same greedy continuation.
 
     python -m minillm.course grade 02
 """
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -26,8 +27,11 @@ def table(vocab: int = 50, hidden: int = 8) -> torch.Tensor:
 
 # 02.1 embedding lookup
 
-IDS = {"one id": torch.tensor(7), "a sequence": torch.tensor([3, 0, 49, 3, 12]),
-       "a 2-D batch": torch.tensor([[1, 2, 3], [49, 48, 0]])}
+IDS = {
+    "one id": torch.tensor(7),
+    "a sequence": torch.tensor([3, 0, 49, 3, 12]),
+    "a 2-D batch": torch.tensor([[1, 2, 3], [49, 48, 0]]),
+}
 
 
 @pytest.mark.exercise("02.1")

@@ -7,6 +7,7 @@ your function as with minillm's.
 
     python -m minillm.course grade 03
 """
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -87,12 +88,14 @@ def test_rotated_scores_depend_only_on_the_distance(impl):
 
 
 @pytest.mark.exercise("03.3")
-@pytest.mark.parametrize("tokens, heads, kv_heads", [(1, 4, 2), (7, 4, 4), (7, 8, 2), (5, 4, 1)],
-                         ids=["one token", "MHA", "GQA", "MQA"])
+@pytest.mark.parametrize(
+    "tokens, heads, kv_heads", [(1, 4, 2), (7, 4, 4), (7, 8, 2), (5, 4, 1)], ids=["one token", "MHA", "GQA", "MQA"]
+)
 def test_causal_attention_matches_sdpa(impl, tokens, heads, kv_heads):
     q, (k, v), scale = torch.randn(tokens, heads, 16), torch.randn(2, tokens, kv_heads, 16), 0.3
-    expected = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                              is_causal=True, scale=scale, enable_gqa=True).transpose(0, 1)
+    expected = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=scale, enable_gqa=True
+    ).transpose(0, 1)
     close(impl.causal_attention(q, k, v, scale), expected)
 
 
@@ -107,9 +110,19 @@ def test_causal_attention_does_not_look_ahead(impl):
 # Your function inside a real model
 
 
-TINY = ModelConfig(architecture="Qwen3ForCausalLM", vocab_size=96, hidden_size=64, intermediate_size=128,
-                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                   max_position_embeddings=64, qk_norm=True, tie_word_embeddings=True)
+TINY = ModelConfig(
+    architecture="Qwen3ForCausalLM",
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=64,
+    qk_norm=True,
+    tie_word_embeddings=True,
+)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ checkpoint directory, which must give the same logits and greedy tokens as with 
 
     python -m minillm.course grade 03
 """
+
 import pytest
 import torch
 
@@ -25,8 +26,9 @@ def swiglu_by_hand(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.exercise("03.4")
-@pytest.mark.parametrize("shape", [(1, 2), (3, 14), (5, 768), (2, 3, 10)],
-                         ids=["one pair", "odd half width", "tokens-intermediate", "3-d"])
+@pytest.mark.parametrize(
+    "shape", [(1, 2), (3, 14), (5, 768), (2, 3, 10)], ids=["one pair", "odd half width", "tokens-intermediate", "3-d"]
+)
 def test_silu_and_mul_matches_the_formula(impl, shape):
     x = torch.randn(shape) * 4
     out = impl.silu_and_mul(x)

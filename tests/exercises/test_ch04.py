@@ -5,6 +5,7 @@ minillm's contiguous-cache generator, which must produce the same tokens as reco
 
     python -m minillm.course grade 04
 """
+
 import pytest
 import torch
 
@@ -15,17 +16,28 @@ from minillm.naive import generate_cached, generate_naive
 
 
 def shapes(layers, kv_heads, head_dim):
-    return ModelConfig("Qwen3ForCausalLM", vocab_size=1, hidden_size=1, intermediate_size=1,
-                       num_hidden_layers=layers, num_attention_heads=kv_heads, num_key_value_heads=kv_heads,
-                       head_dim=head_dim, max_position_embeddings=1)
+    return ModelConfig(
+        "Qwen3ForCausalLM",
+        vocab_size=1,
+        hidden_size=1,
+        intermediate_size=1,
+        num_hidden_layers=layers,
+        num_attention_heads=kv_heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=1,
+    )
 
 
 @pytest.mark.exercise("04.1")
-@pytest.mark.parametrize("config,dtype,expected", [
-    pytest.param(shapes(28, 8, 128), torch.bfloat16, 114_688, id="Qwen3-0.6B in bf16"),
-    pytest.param(shapes(32, 8, 128), torch.bfloat16, 131_072, id="Llama-3-8B in bf16"),
-    pytest.param(shapes(2, 1, 16), torch.float32, 256, id="tiny model in fp32"),
-])
+@pytest.mark.parametrize(
+    "config,dtype,expected",
+    [
+        pytest.param(shapes(28, 8, 128), torch.bfloat16, 114_688, id="Qwen3-0.6B in bf16"),
+        pytest.param(shapes(32, 8, 128), torch.bfloat16, 131_072, id="Llama-3-8B in bf16"),
+        pytest.param(shapes(2, 1, 16), torch.float32, 256, id="tiny model in fp32"),
+    ],
+)
 def test_kv_cache_bytes_per_token(impl, config, dtype, expected):
     assert impl.kv_cache_bytes_per_token(config, dtype) == expected
 

@@ -7,6 +7,7 @@ must equal the naive generator's, and no block may leak.
 
     python -m minillm.course grade 05
 """
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -46,12 +47,13 @@ def test_paged_decode_attention_equals_attention_over_contiguous_keys(impl, head
 @pytest.mark.exercise("05.3")
 def test_block_hash_is_a_deterministic_64_bit_chain(impl):
     h = impl.compute_block_hash([1, 2, 3, 4], -1)
-    assert isinstance(h, int) and -2**63 <= h < 2**63, "a signed 64-bit int: it goes back in as the next prefix_hash"
+    assert isinstance(h, int) and -(2**63) <= h < 2**63, "a signed 64-bit int: it goes back in as the next prefix_hash"
     assert isinstance(impl.compute_block_hash([5, 6, 7, 8], h), int), "a hash must chain into the next block"
     assert impl.compute_block_hash([1, 2, 3, 4], -1) == h, "same tokens and prefix must give the same hash"
     assert impl.compute_block_hash([1, 2, 4, 3], -1) != h, "token order matters"
-    assert impl.compute_block_hash([5, 6, 7, 8], h) != impl.compute_block_hash([5, 6, 7, 8], -1), \
+    assert impl.compute_block_hash([5, 6, 7, 8], h) != impl.compute_block_hash([5, 6, 7, 8], -1), (
         "the same block after a different prefix must hash differently"
+    )
 
 
 def computed(bm, tokens):
@@ -117,8 +119,9 @@ def engine_reference(tiny_checkpoint):
     return prompts, [list(generate_naive(model, p, 12)) for p in prompts]
 
 
-@pytest.mark.parametrize("exercise", [pytest.param(e, marks=pytest.mark.exercise(e))
-                                      for e in ("05.1", "05.2", "05.3", "05.4", "05.5")])
+@pytest.mark.parametrize(
+    "exercise", [pytest.param(e, marks=pytest.mark.exercise(e)) for e in ("05.1", "05.2", "05.3", "05.4", "05.5")]
+)
 def test_the_engine_runs_on_your_code(impl, tiny_checkpoint, engine_reference, exercise):
     prompts, expected = engine_reference
     with use_impl(impl, exercise):

@@ -7,6 +7,7 @@ preemption both happen: every request must still get exactly the tokens it gets 
 
     python -m minillm.course grade 06
 """
+
 import pytest
 import torch
 
@@ -22,7 +23,7 @@ from minillm.naive import generate_naive
 
 def keep_top(logits, k, p):
     """Which tokens survive top-k then top-p (on the top-k renormalised), one row at a time, written plainly."""
-    order = sorted(range(len(logits)), key=lambda i: -logits[i])[:k or len(logits)]
+    order = sorted(range(len(logits)), key=lambda i: -logits[i])[: k or len(logits)]
     probs = torch.softmax(logits[order], -1)  # renormalised over the top-k
     kept, total = set(), 0.0
     for rank, i in enumerate(order):
@@ -60,12 +61,15 @@ def test_top_p_applies_to_the_top_k_renormalised(impl):
     logits = torch.tensor([[0.30, 0.25, 0.20, 0.15, 0.10]]).log()
     out = impl.apply_top_k_top_p(logits, torch.tensor([3]), torch.tensor([0.6]))
     assert torch.isfinite(out[0]).tolist() == [True, True, False, False, False], (
-        "top-k first, then top-p on the k survivors' renormalised probabilities")
+        "top-k first, then top-p on the k survivors' renormalised probabilities"
+    )
     assert torch.equal(logits, torch.tensor([[0.30, 0.25, 0.20, 0.15, 0.10]]).log()), "logits must not be modified"
 
 
 def scheduler(num_blocks=16, block_size=4, **config):
-    return Scheduler(Config(**{"new_token_ratio": 0.0, **config}), BlockManager(num_blocks, block_size), eos_token_ids=[0])
+    return Scheduler(
+        Config(**{"new_token_ratio": 0.0, **config}), BlockManager(num_blocks, block_size), eos_token_ids=[0]
+    )
 
 
 def step(s, token=7):
@@ -144,14 +148,17 @@ def engine_reference(tiny_checkpoint):
     return prompts, [list(generate_naive(model, p, 16)) for p in prompts]
 
 
-@pytest.mark.parametrize("exercise", [pytest.param(e, marks=pytest.mark.exercise(e))
-                                      for e in ("06.1", "06.2", "06.3", "06.4")])
+@pytest.mark.parametrize(
+    "exercise", [pytest.param(e, marks=pytest.mark.exercise(e)) for e in ("06.1", "06.2", "06.3", "06.4")]
+)
 def test_the_engine_runs_on_your_code(impl, tiny_checkpoint, engine_reference, exercise):
     """Top-k 1 or a tiny top-p keeps only the most likely token, so sampling with them must give the greedy
     tokens (a greedy batch never truncates, so this is how the engine gets to run your 06.1)."""
     prompts, expected = engine_reference
-    truncating = [SamplingParams(temperature=1.0, top_k=1, max_tokens=16),
-                  SamplingParams(temperature=0.7, top_p=1e-6, max_tokens=16)]
+    truncating = [
+        SamplingParams(temperature=1.0, top_k=1, max_tokens=16),
+        SamplingParams(temperature=0.7, top_p=1e-6, max_tokens=16),
+    ]
     with use_impl(impl, exercise):
         llm = LLM(tiny_checkpoint, max_num_batched_tokens=16, kvcache_block_size=4, num_kvcache_blocks=14)
         outputs = llm.generate(prompts, [truncating[i % 2] for i in range(len(prompts))], use_tqdm=False)

@@ -6,6 +6,7 @@ greedy tokens must equal the naive loop's, and padded rows must write only into 
 
     python -m minillm.course grade 07
 """
+
 import pytest
 import torch
 
@@ -16,22 +17,26 @@ from minillm.naive import generate_naive
 
 
 @pytest.mark.exercise("07.1")
-@pytest.mark.parametrize("max_batch, expected", [
-    (256, [1, 2, 4, 8] + list(range(16, 257, 16))),
-    (512, [1, 2, 4, 8] + list(range(16, 513, 16))),
-    (20, [1, 2, 4, 8, 16]),
-    (16, [1, 2, 4, 8, 16]),
-    (8, [1, 2, 4, 8]),
-    (3, [1, 2]),
-    (1, [1]),
-])
+@pytest.mark.parametrize(
+    "max_batch, expected",
+    [
+        (256, [1, 2, 4, 8] + list(range(16, 257, 16))),
+        (512, [1, 2, 4, 8] + list(range(16, 513, 16))),
+        (20, [1, 2, 4, 8, 16]),
+        (16, [1, 2, 4, 8, 16]),
+        (8, [1, 2, 4, 8]),
+        (3, [1, 2]),
+        (1, [1]),
+    ],
+)
 def test_decode_buckets(impl, max_batch, expected):
     assert impl.decode_buckets(max_batch) == expected
 
 
 @pytest.mark.exercise("07.2")
-@pytest.mark.parametrize("batch, expected", [(1, 1), (2, 2), (3, 4), (8, 8), (9, 16), (16, 16), (17, 32),
-                                             (32, 32), (33, None), (100, None)])
+@pytest.mark.parametrize(
+    "batch, expected", [(1, 1), (2, 2), (3, 4), (8, 8), (9, 16), (16, 16), (17, 32), (32, 32), (33, None), (100, None)]
+)
 def test_pick_bucket(impl, batch, expected):
     assert impl.pick_bucket([1, 2, 4, 8, 16, 32], batch) == expected
 

@@ -6,6 +6,7 @@ checked by compiling a function through your marks and looking at what dynamo tr
 
     python -m minillm.course grade 08
 """
+
 import re
 
 import pytest
@@ -57,9 +58,13 @@ def traced_shapes(fn, calls, mark):
     versions = []
 
     def backend(gm, example_inputs):
-        versions.append(sorted(tuple(type(s).__name__ for s in node.meta["example_value"].shape)
-                               for node in gm.graph.nodes if node.op == "placeholder"
-                               and isinstance(node.meta.get("example_value"), torch.Tensor)))
+        versions.append(
+            sorted(
+                tuple(type(s).__name__ for s in node.meta["example_value"].shape)
+                for node in gm.graph.nodes
+                if node.op == "placeholder" and isinstance(node.meta.get("example_value"), torch.Tensor)
+            )
+        )
         return gm.forward
 
     torch._dynamo.reset()
@@ -87,7 +92,8 @@ def test_mark_token_dims_marks_every_tensor_of_two_or_more_dims(impl):
         return (x * cos[:, None] + x.flip(-1) * sin[:, None]) * scale
 
     calls = [(torch.randn(n, 2, 8), torch.randn(n, 8), torch.randn(n, 8), 0.5) for n in (3, 4)]
-    assert traced_shapes(rotate, calls, impl.mark_token_dims) == [[("SymInt", "int"), ("SymInt", "int"),
-                                                                   ("SymInt", "int", "int")]]
+    assert traced_shapes(rotate, calls, impl.mark_token_dims) == [
+        [("SymInt", "int"), ("SymInt", "int"), ("SymInt", "int", "int")]
+    ]
     args = calls[0]
     assert impl.mark_token_dims(args) is args, "return the same tuple"

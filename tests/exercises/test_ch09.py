@@ -6,6 +6,7 @@ reference of chapters 04, 05 and 08. Cases are small: the interpreter runs every
 
     python -m minillm.course grade 09
 """
+
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton reads it when a kernel is defined: before minillm.kernels
@@ -28,8 +29,8 @@ def test_store_kernel_writes_each_token_to_its_slot_and_skips_minus_one(impl, kv
     torch.manual_seed(0)
     k_cache, v_cache = torch.randn(4, 4, kv_heads, head_dim), torch.randn(4, 4, kv_heads, head_dim)
     qkv = torch.randn(5, 3 * kv_heads * head_dim)  # k and v as views into qkv: rows further apart than D
-    k = qkv[:, kv_heads * head_dim:2 * kv_heads * head_dim].view(5, kv_heads, head_dim)
-    v = qkv[:, 2 * kv_heads * head_dim:].view(5, kv_heads, head_dim)
+    k = qkv[:, kv_heads * head_dim : 2 * kv_heads * head_dim].view(5, kv_heads, head_dim)
+    v = qkv[:, 2 * kv_heads * head_dim :].view(5, kv_heads, head_dim)
     slots = torch.tensor([0, 7, 3, -1, 15])
     expected_k, expected_v = k_cache.clone(), v_cache.clone()
     ref.store_kvcache(k, v, expected_k, expected_v, slots)

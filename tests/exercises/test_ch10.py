@@ -7,6 +7,7 @@ ranks' partial results up itself. (`LLM(tensor_parallel_size=2)` runs the real t
 
     python -m minillm.course grade 10
 """
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -101,8 +102,9 @@ def test_row_parallel_partials_sum_to_the_whole_with_the_bias_once(impl, tp_size
     for rank in range(tp_size):
         group = RecordingGroup(rank, tp_size)
         n = 6 // tp_size
-        partials.append(impl.row_parallel_linear(x[:, rank * n:(rank + 1) * n], w[:, rank * n:(rank + 1) * n], b,
-                                                 rank, group))
+        partials.append(
+            impl.row_parallel_linear(x[:, rank * n : (rank + 1) * n], w[:, rank * n : (rank + 1) * n], b, rank, group)
+        )
         groups.append(group)
     assert all(len(g.reduced) == 1 for g in groups), "each rank must all-reduce exactly once"
     torch.testing.assert_close(sum(g.reduced[0] for g in groups), F.linear(x, w, b))
@@ -125,7 +127,7 @@ def test_row_parallel_linear_layer_runs_yours(impl):
             layer, group = build(RowParallelLinear, rank, 2, 6, 4, bias=True)
             layer.weight.weight_loader(layer.weight, w)
             layer.bias.weight_loader(layer.bias, b)
-            outs.append(layer(x[:, rank * 3:(rank + 1) * 3]))
+            outs.append(layer(x[:, rank * 3 : (rank + 1) * 3]))
             assert len(group.reduced) == 1
     torch.testing.assert_close(sum(outs), F.linear(x, w, b))
 
@@ -141,7 +143,7 @@ def test_vocab_parallel_embedding_answers_add_up_to_the_lookup(impl, tp_size, sh
     answers = []
     for rank in range(tp_size):
         group = RecordingGroup(rank, tp_size)
-        out = impl.vocab_parallel_embed(ids, table[rank * n:(rank + 1) * n], rank * n, group)
+        out = impl.vocab_parallel_embed(ids, table[rank * n : (rank + 1) * n], rank * n, group)
         assert out.shape == (*shape, 4) and len(group.reduced) == 1
         mine = (ids >= rank * n) & (ids < (rank + 1) * n)
         assert (out[~mine] == 0).all(), "ids of other ranks must give zero rows"

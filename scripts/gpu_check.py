@@ -210,16 +210,15 @@ def check_tensor_parallel(args) -> dict:
 
 
 def check_bench(args) -> dict:
-    model = ["--random-size", "tiny"] if args.smoke else ["--model", REAL_MODEL]
+    result, model = {}, ["--random-size", "tiny"] if args.smoke else ["--model", REAL_MODEL]
     if not args.smoke:
         try:
             from minillm.utils.loader import resolve_model_path
 
             resolve_model_path(REAL_MODEL)
         except Exception as e:  # the package that carries its weights is not installed here
-            model = []
-            note = f"{REAL_MODEL} not available ({e}); the default model instead"
-    result = {"model": model[-1] if model else "default"} | ({"note": note} if not model else {})
+            model, result["note"] = [], f"{REAL_MODEL} not available ({e}); the default model instead"
+    result["model"] = model[-1] if model else "default"
     with tempfile.TemporaryDirectory() as tmp:
         for name, extra in [
             ("ladder", ["--ladder", "--num-prompts", str(4 * args.n), "--ladder-slow-prompts", "4"]),

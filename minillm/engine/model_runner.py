@@ -67,6 +67,7 @@ class ModelRunner:
         self.attn_backend.prepare_model(self.model)  # the layers' kernels and their weights' layout
         self.allocate_input_buffers(config)
         self.sampler = Sampler()
+        self.eager_reason = self.why_eager(config)  # before the KV budget: CUDA graphs keep a memory pool
         tp_size = group.size if group else 1  # each rank caches its share of the KV heads
         bytes_per_block = kv_cache_bytes_per_token(self.model.config, self.dtype) * self.block_size
         bytes_per_block //= tp_size
@@ -81,7 +82,7 @@ class ModelRunner:
         # one spare block at the end, never handed out: padded rows of a decode step write there (PAD_SLOT_ID)
         self.kv_cache = allocate_kv_cache(self.model, self.num_kvcache_blocks + 1, self.block_size)
         self.compile_layers = self.device.type == "cuda" if config.compile_layers is None else config.compile_layers
-        self.graphs, self.eager_reason = None, self.why_eager(config)
+        self.graphs = None
         if self.eager_reason is None and self.device.type == "cuda":
             self.graphs = CUDADecodeGraphs(self, min(config.max_num_seqs, 512))
             self.graphs.capture()
@@ -152,7 +153,7 @@ class ModelRunner:
 
         step = measured(lambda: self.warmup(config))
         rows = min(config.max_num_seqs, 512)  # the largest bucket's rows, as sequences of one token
-        graph_pool = measured(lambda: self.dummy_forward(rows, 1)) if self.why_eager(config) is None else 0
+        graph_pool = measured(lambda: self.dummy_forward(rows, 1)) if self.eager_reason is None else 0
         # its keys and values, copied out per sequence and then packed: twice
         context = (
             2

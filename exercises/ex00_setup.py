@@ -26,6 +26,7 @@ def chosen_scores(scores: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     [2, 3, V] and ids of shape [2, 3], the result is [2, 3]; with scores [V] and a 0-dimensional id, a
     0-dimensional tensor.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 00.1: gather — pick one entry per row, the column its id names
     raise NotImplementedError(
         "Exercise 00.1 (gather — pick one entry per row, the column its id names) is not done yet: "
@@ -46,6 +47,7 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     Example: x = [[0, 1, 2, 3], [4, 5, 6, 7]] (T=2, H*D=4) with num_heads=2 gives head 0 = [[0, 1], [4, 5]]
     and head 1 = [[2, 3], [6, 7]], a tensor of shape [2, 2, 2].
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 00.2: view and transpose — [T, H*D] to [T, H, D], then swap the first two axes
     raise NotImplementedError(
         "Exercise 00.2 (view and transpose — [T, H*D] to [T, H, D], then swap the first two axes) is not done yet: "
@@ -68,6 +70,7 @@ def causal_softmax(scores: torch.Tensor) -> torch.Tensor:
     Example: scores of zeros, Tq = Tk = 3, give [[1, 0, 0], [1/2, 1/2, 0], [1/3, 1/3, 1/3]]; zeros with
     Tq = 2 and Tk = 3 give [[1/2, 1/2, 0], [1/3, 1/3, 1/3]].
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 00.3: mask the future with -inf, then softmax over the keys
     raise NotImplementedError(
         "Exercise 00.3 (mask the future with -inf, then softmax over the keys) is not done yet: "
@@ -88,6 +91,7 @@ def descending_ranks(x: torch.Tensor) -> torch.Tensor:
 
     Example: [[0.1, 0.9, 0.5]] gives [[2, 0, 1]]; a row of one entry gives [0].
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 00.4: sort each row, then scatter the positions 0..N-1 back to where each entry came from
     raise NotImplementedError(
         "Exercise 00.4 (sort each row, then scatter the positions 0..N-1 back to where each entry came from) is not done yet: "
@@ -109,6 +113,7 @@ def pairwise_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     Example: q = [[1, 0], [0, 2]] and k = [[3, 4], [5, 6], [7, 8]] give [[3, 5, 7], [8, 12, 16]] (shape
     [2, 3]).
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 00.5: matmul — queries times the transposed keys, broadcast over leading dimensions
     raise NotImplementedError(
         "Exercise 00.5 (matmul — queries times the transposed keys, broadcast over leading dimensions) is not done yet: "
@@ -116,4 +121,4 @@ def pairwise_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     )
     # END EXERCISE
 
-# build checksum: d6bbc545c6ae7389 (lets `build` tell this untouched file from your edits)
+# build checksum: ee0593dbeff6fa2e (lets `build` tell this untouched file from your edits)

@@ -30,6 +30,7 @@ def kv_cache_bytes_per_token(config: ModelConfig, dtype: torch.dtype = torch.flo
 
     Example: the course's default model (4 layers, 2 KV heads, head_dim 32) in fp32: 2·4·2·32·4 = 2,048 bytes.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 04.1: KV-cache bytes per token — keys and values, every layer, every KV head
     raise NotImplementedError(
         "Exercise 04.1 (KV-cache bytes per token — keys and values, every layer, every KV head) is not done yet: "
@@ -57,6 +58,7 @@ def store_kvcache(
     Example, block_size 4, slot_mapping [0, 7, 3, -1, 12]: token 0 goes to block 0 offset 0, token 1 to
     block 1 offset 3, token 2 to block 0 offset 3, token 3 nowhere, token 4 to block 3 offset 0.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 04.2: append to the cache — copy each token's key and value into its slot, skipping slot -1
     raise NotImplementedError(
         "Exercise 04.2 (append to the cache — copy each token's key and value into its slot, skipping slot -1) is not done yet: "
@@ -64,4 +66,4 @@ def store_kvcache(
     )
     # END EXERCISE
 
-# build checksum: d949c7d4af55d10d (lets `build` tell this untouched file from your edits)
+# build checksum: ff6e5e074bf83dc6 (lets `build` tell this untouched file from your edits)

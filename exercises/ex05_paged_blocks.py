@@ -37,6 +37,7 @@ def slot_mapping_for(block_table: list[int], start: int, end: int, block_size: i
     Example, block_size 4 and block_table [7, 2, 5]: positions 0..9 are in slots
     [28, 29, 30, 31, 8, 9, 10, 11, 20, 21]; positions 6..8 alone give [10, 11, 20].
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 05.1: slot mapping — the flat cache slot of each token position
     raise NotImplementedError(
         "Exercise 05.1 (slot mapping — the flat cache slot of each token position) is not done yet: "
@@ -75,6 +76,7 @@ def paged_decode_attention(
     1's four and the first of block 8; the other three slots of block 8 are masked. The tests compare with
     ordinary attention for MHA (4 heads, 4 KV heads) and GQA (8 heads, 2 KV heads), lengths 1, 6 and 9.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 05.2: paged decode attention — gather each sequence's keys/values by its block table, mask past its length
     raise NotImplementedError(
         "Exercise 05.2 (paged decode attention — gather each sequence's keys/values by its block table, mask past its length) is not done yet: "
@@ -101,6 +103,7 @@ def compute_block_hash(token_ids: list[int], prefix_hash: int) -> int:
     compute_block_hash([5, 6, 7, 8], h1), the block [5, 6, 7, 8] right after it, differs from
     compute_block_hash([5, 6, 7, 8], -1); and compute_block_hash([1, 2, 4, 3], -1) != h1.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 05.3: chained block hash — hash the previous block's hash together with this block's tokens
     raise NotImplementedError(
         "Exercise 05.3 (chained block hash — hash the previous block's hash together with this block's tokens) is not done yet: "
@@ -128,6 +131,7 @@ class BlockManager(minillm.engine.block_manager.BlockManager):
         Example, block_size 4: a computed sequence of tokens 0..8 holds blocks [a, b, c]; allocating tokens
         0..7, 99, 98 gives the table [a, b, new block], ref counts 2 on a and b, num_cached_tokens 8.
         """
+        # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
         # BEGIN EXERCISE 05.4: allocate with prefix reuse — walk the full blocks, reuse hash hits (checking tokens), else take new
         raise NotImplementedError(
             "Exercise 05.4 (allocate with prefix reuse — walk the full blocks, reuse hash hits (checking tokens), else take new) is not done yet: "
@@ -154,6 +158,7 @@ class BlockManager(minillm.engine.block_manager.BlockManager):
         # Not part of the exercise: hashed => written. A sequence released before its step ran (preempted by a later
         # sequence of the same step, aborted, rolled back) leaves no block that step was to fill findable by hash.
         self.uncache_blocks(seq, max(seq.num_computed_tokens, seq.num_cached_tokens))
+        # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
         # BEGIN EXERCISE 05.5: free with reference counts — decrement, and free blocks nobody uses
         raise NotImplementedError(
             "Exercise 05.5 (free with reference counts — decrement, and free blocks nobody uses) is not done yet: "
@@ -161,4 +166,4 @@ class BlockManager(minillm.engine.block_manager.BlockManager):
         )
         # END EXERCISE
 
-# build checksum: b687449506fc4895 (lets `build` tell this untouched file from your edits)
+# build checksum: b655b3c7ff8c0802 (lets `build` tell this untouched file from your edits)

@@ -28,6 +28,7 @@ def decode_buckets(max_batch: int) -> list[int]:
     [1, 2]; 1 gives [1]. When max_batch is not a multiple of 16 (20), the largest bucket is below it, and a
     batch of 17-20 has no bucket (it runs eagerly).
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 07.1: decode buckets — 1, 2, 4, 8, then every multiple of 16, none past max_batch
     raise NotImplementedError(
         "Exercise 07.1 (decode buckets — 1, 2, 4, 8, then every multiple of 16, none past max_batch) is not done yet: "
@@ -47,6 +48,7 @@ def pick_bucket(buckets: list[int], batch: int) -> int | None:
 
     Examples, buckets [1, 2, 4, 8, 16, 32]: batch 1 → 1, 3 → 4, 8 → 8, 9 → 16, 17 → 32, 33 → None.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 07.2: pick the bucket — the smallest one that holds the batch, None if none does
     raise NotImplementedError(
         "Exercise 07.2 (pick the bucket — the smallest one that holds the batch, None if none does) is not done yet: "
@@ -80,6 +82,7 @@ def pad_decode_inputs(
     Example: batch 3, bucket 4 → row 3 becomes input_ids 0, positions 0, slot_mapping -1, context_lens 1,
     block_tables row [0, 0, ...]; rows 0-2 keep the step's values.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 07.3: pad the batch — fill rows batch..bucket-1 with a harmless row writing to PAD_SLOT_ID
     raise NotImplementedError(
         "Exercise 07.3 (pad the batch — fill rows batch..bucket-1 with a harmless row writing to PAD_SLOT_ID) is not done yet: "
@@ -87,4 +90,4 @@ def pad_decode_inputs(
     )
     # END EXERCISE
 
-# build checksum: 28183668f5ca5d32 (lets `build` tell this untouched file from your edits)
+# build checksum: 4cb47cff98a9a10c (lets `build` tell this untouched file from your edits)

@@ -34,6 +34,7 @@ def add_rms_norm(
     Example: x = [1, 2], residual = [2, 2], weight = [1, 1], eps = 0: the sum is [3, 4]; its RMS is 3.536, so
     the pair is ([0.849, 1.131], [3, 4]).
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 08.1: add + RMSNorm — the new residual x + residual, and its RMSNorm, as one fusible function
     raise NotImplementedError(
         "Exercise 08.1 (add + RMSNorm — the new residual x + residual, and its RMSNorm, as one fusible function) is not done yet: "
@@ -62,6 +63,7 @@ def mark_token_dims(args: tuple) -> tuple:
 
     Example: args (x [5, 64], weight [64], 1e-6) → x's dimension 0 marked; weight and eps untouched.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 08.2: mark the token dimension — dimension 0 of every tensor with two or more dimensions
     raise NotImplementedError(
         "Exercise 08.2 (mark the token dimension — dimension 0 of every tensor with two or more dimensions) is not done yet: "
@@ -69,4 +71,4 @@ def mark_token_dims(args: tuple) -> tuple:
     )
     # END EXERCISE
 
-# build checksum: 8eee49a2162ae92b (lets `build` tell this untouched file from your edits)
+# build checksum: dacab4a174778006 (lets `build` tell this untouched file from your edits)

@@ -32,6 +32,7 @@ def shard(weight: torch.Tensor, dim: int, rank: int, tp_size: int) -> torch.Tens
     Example: weight = [[0, 1], [2, 3], [4, 5], [6, 7]], dim 0, tp_size 2: rank 0 gets [[0, 1], [2, 3]], rank 1
     [[4, 5], [6, 7]]; with dim 1, rank 1 gets [[1], [3], [5], [7]].
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 10.1: shard a checkpoint tensor — piece `rank` of tp_size equal pieces along dim, as a view
     raise NotImplementedError(
         "Exercise 10.1 (shard a checkpoint tensor — piece `rank` of tp_size equal pieces along dim, as a view) is not done yet: "
@@ -55,6 +56,7 @@ def qkv_shard_range(shard_id: str, num_heads: int, num_kv_heads: int, head_dim: 
     Example: 8 query heads, 2 KV heads, head_dim 4, tp_size 2: q is (0, 16), k is (16, 4), v is (20, 4), so
     each rank's packed weight has 24 rows.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 10.2: QKV shard offsets — per-rank heads of q, then k, then v, packed in one weight
     raise NotImplementedError(
         "Exercise 10.2 (QKV shard offsets — per-rank heads of q, then k, then v, packed in one weight) is not done yet: "
@@ -65,14 +67,21 @@ def qkv_shard_range(shard_id: str, num_heads: int, num_kv_heads: int, head_dim: 
 
 # minillm/layers/linear.py
 def row_parallel_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tp_rank: int, group: TensorParallelGroup | None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    tp_rank: int,
+    group: TensorParallelGroup | None,
+    linear=F.linear,
 ) -> torch.Tensor:
     """The forward pass of a row-parallel linear layer on one rank: a partial y, summed over the ranks.
 
     W, [out, in], is split by input features (columns): this rank holds `weight`, [out, in / tp_size], and `x`
     is the matching slice of the input, [tokens, in / tp_size] (the output of a column-parallel layer, already
     split the same way). x @ weightᵀ is this rank's partial result, [tokens, out]; the ranks' partials add up to
-    the full x_whole @ Wᵀ. Sum them with all_reduce(partial, group) (from minillm.utils.parallel; in place, and
+    the full x_whole @ Wᵀ. Compute it with `linear(x, weight, bias)`: F.linear by default, or the layer's
+    kernel (on a CPU, the packed matmul, whose `weight` is in the packed layout: never use weight.T yourself,
+    and never call F.linear directly). Sum the partials with all_reduce(partial, group) (from minillm.utils.parallel; in place, and
     a no-op for group None). `bias`, [out] or None, is whole on every rank: add it on rank 0 only (tp_rank 0),
     before the all-reduce, or it would be counted tp_size times. Returns [tokens, out], the same on every rank.
     The tests run two and three ranks in one process with a test double for the group that records each
@@ -82,6 +91,7 @@ def row_parallel_linear(
     Example: x_whole = [[1, 2]], W = [[1, 1]], bias [10], 2 ranks: rank 0 has x [[1]], W [[1]] and partial
     1 + 10 = 11; rank 1 has x [[2]], W [[1]] and partial 2; the all-reduce gives [[13]] on both.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 10.3: row-parallel forward — partial product, bias on rank 0 only, then all-reduce
     raise NotImplementedError(
         "Exercise 10.3 (row-parallel forward — partial product, bias on rank 0 only, then all-reduce) is not done yet: "
@@ -111,6 +121,7 @@ def vocab_parallel_embed(
     Example: vocabulary 4 split over 2 ranks, rank 1 holds rows 2-3 = [[5., 5.], [7., 7.]] (vocab_start 2): ids
     [0, 3, 2] give [[0., 0.], [7., 7.], [5., 5.]] on rank 1 before the all-reduce.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 10.4: vocab-parallel embedding — look up this rank's ids, zero the others, all-reduce
     raise NotImplementedError(
         "Exercise 10.4 (vocab-parallel embedding — look up this rank's ids, zero the others, all-reduce) is not done yet: "
@@ -118,4 +129,4 @@ def vocab_parallel_embed(
     )
     # END EXERCISE
 
-# build checksum: a5add40526212861 (lets `build` tell this untouched file from your edits)
+# build checksum: 4af6bde987ae5ed8 (lets `build` tell this untouched file from your edits)

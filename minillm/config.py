@@ -184,7 +184,10 @@ class Config:
     dtype: str = "auto"
     device: str = "cpu"
     attention_backend: str = "auto"  # "torch" (the reference), "cpu" (a C++ decode kernel) or "triton" (chapter 09);
-    # auto: triton on CUDA, cpu on a CPU
+    # auto: triton on CUDA, cpu on a CPU (torch with native_kernels off)
+    # the platform's own kernels for the other layers (minillm.platforms): on a CPU minillm's C++ ones (float32
+    # matmuls on packed weights, RMSNorm, SiLU-and-mul, rotary), on CUDA the Triton RMSNorm; False: torch ops only
+    native_kernels: bool = True
     skip_tokenizer_init: bool = False  # run on token ids alone: no tokenizer.json needed, outputs have no text
     # vLLM's name. True: every step runs op by op. False: decode steps are replayed per batch-size bucket
     # (minillm.engine.graphs): CUDA graphs on a GPU, steps compiled by torch.compile on a CPU. None: the device's

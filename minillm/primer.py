@@ -22,6 +22,7 @@ def chosen_scores(scores: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     [2, 3, V] and ids of shape [2, 3], the result is [2, 3]; with scores [V] and a 0-dimensional id, a
     0-dimensional tensor.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 00.1: gather — pick one entry per row, the column its id names
     return scores.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
     # END EXERCISE
@@ -38,6 +39,7 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     Example: x = [[0, 1, 2, 3], [4, 5, 6, 7]] (T=2, H*D=4) with num_heads=2 gives head 0 = [[0, 1], [4, 5]]
     and head 1 = [[2, 3], [6, 7]], a tensor of shape [2, 2, 2].
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 00.2: view and transpose — [T, H*D] to [T, H, D], then swap the first two axes
     return x.view(x.shape[0], num_heads, -1).transpose(0, 1)
     # END EXERCISE
@@ -56,6 +58,7 @@ def causal_softmax(scores: torch.Tensor) -> torch.Tensor:
     Example: scores of zeros, Tq = Tk = 3, give [[1, 0, 0], [1/2, 1/2, 0], [1/3, 1/3, 1/3]]; zeros with
     Tq = 2 and Tk = 3 give [[1/2, 1/2, 0], [1/3, 1/3, 1/3]].
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 00.3: mask the future with -inf, then softmax over the keys
     tq, tk = scores.shape[-2:]
     allowed = torch.ones(tq, tk, dtype=torch.bool, device=scores.device).tril(tk - tq)
@@ -74,6 +77,7 @@ def descending_ranks(x: torch.Tensor) -> torch.Tensor:
 
     Example: [[0.1, 0.9, 0.5]] gives [[2, 0, 1]]; a row of one entry gives [0].
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 00.4: sort each row, then scatter the positions 0..N-1 back to where each entry came from
     order = x.argsort(dim=-1, descending=True)
     positions = torch.arange(x.shape[-1], device=x.device).expand_as(order)
@@ -93,6 +97,7 @@ def pairwise_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     Example: q = [[1, 0], [0, 2]] and k = [[3, 4], [5, 6], [7, 8]] give [[3, 5, 7], [8, 12, 16]] (shape
     [2, 3]).
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 00.5: matmul — queries times the transposed keys, broadcast over leading dimensions
     return q @ k.transpose(-2, -1)
     # END EXERCISE

@@ -29,6 +29,7 @@ def bpe_encode_word(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
     -> ["Ġ", "t", "he"] -> ["Ġt", "he"] -> ["Ġthe"]; and with {("b", "c"): 0, ("a", "b"): 1}, "abc" gives
     ["a", "bc"], not ["ab", "c"].
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 01.1: BPE encode — from single characters, merge the lowest-ranked adjacent pair, repeat
     pieces = list(word)
     while len(pieces) > 1:
@@ -65,6 +66,7 @@ def detokenize_incrementally(tokenizer, ids: list[int], prefix_offset: int, read
     space): ids [0, 1], offsets (0, 1) -> (" upon", 1, 2). For "a 🦊" as "a" then five byte tokens, the first
     three ids with offsets (0, 1) -> ("", 0, 1); all six -> (" 🦊", 1, 6).
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 01.2: incremental detokenization — decode the window, hold back unfinished characters
     prefix_text = tokenizer.decode(ids[prefix_offset:read_offset])
     text = tokenizer.decode(ids[prefix_offset:])

@@ -24,6 +24,7 @@ def embed(input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     Example: with weight = [[0., 1.], [2., 3.], [4., 5.]] (vocab 3, hidden 2), ids [2, 0, 2] give
     [[4., 5.], [0., 1.], [4., 5.]] (shape [3, 2]), and the single id tensor(1) gives [2., 3.] (shape [2]).
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 02.1: embedding lookup — token id t becomes row t of the table, for ids of any shape
     return weight[input_ids]
     # END EXERCISE
@@ -46,6 +47,7 @@ def lm_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     Example: weight = [[1., 0.], [0., 1.], [1., 1.]] (vocab 3, hidden 2) and hidden = [2., 3.] give logits
     [2., 3., 5.] (shape [3]); a [4, 2] hidden gives [4, 3] logits.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 02.2: LM head — one logit per vocabulary entry: hidden dotted with each row of the table
     return hidden @ weight.T
     # END EXERCISE

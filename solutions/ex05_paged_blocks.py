@@ -32,6 +32,7 @@ def slot_mapping_for(block_table: list[int], start: int, end: int, block_size: i
     Example, block_size 4 and block_table [7, 2, 5]: positions 0..9 are in slots
     [28, 29, 30, 31, 8, 9, 10, 11, 20, 21]; positions 6..8 alone give [10, 11, 20].
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 05.1: slot mapping — the flat cache slot of each token position
     return [block_table[pos // block_size] * block_size + pos % block_size for pos in range(start, end)]
     # END EXERCISE
@@ -67,6 +68,7 @@ def paged_decode_attention(
     1's four and the first of block 8; the other three slots of block 8 are masked. The tests compare with
     ordinary attention for MHA (4 heads, 4 KV heads) and GQA (8 heads, 2 KV heads), lengths 1, 6 and 9.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 05.2: paged decode attention — gather each sequence's keys/values by its block table, mask past its length
     k, v = gather_kv(k_cache, block_tables), gather_kv(v_cache, block_tables)  # [seqs, max_len, kv_heads, head_dim]
     num_seqs, max_len, kv_heads, head_dim = k.shape
@@ -98,6 +100,7 @@ def compute_block_hash(token_ids: list[int], prefix_hash: int) -> int:
     compute_block_hash([5, 6, 7, 8], h1), the block [5, 6, 7, 8] right after it, differs from
     compute_block_hash([5, 6, 7, 8], -1); and compute_block_hash([1, 2, 4, 3], -1) != h1.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 05.3: chained block hash — hash the previous block's hash together with this block's tokens
     h = hashlib.blake2b(digest_size=8)
     h.update(prefix_hash.to_bytes(8, "little", signed=True))
@@ -125,6 +128,7 @@ class BlockManager(minillm.engine.block_manager.BlockManager):
         Example, block_size 4: a computed sequence of tokens 0..8 holds blocks [a, b, c]; allocating tokens
         0..7, 99, 98 gives the table [a, b, new block], ref counts 2 on a and b, num_cached_tokens 8.
         """
+        # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
         # BEGIN EXERCISE 05.4: allocate with prefix reuse — walk the full blocks, reuse hash hits (checking tokens), else take new
         assert not seq.block_table, "sequence already has blocks"
         seq.num_cached_tokens = 0
@@ -169,6 +173,7 @@ class BlockManager(minillm.engine.block_manager.BlockManager):
         # Not part of the exercise: hashed => written. A sequence released before its step ran (preempted by a later
         # sequence of the same step, aborted, rolled back) leaves no block that step was to fill findable by hash.
         self.uncache_blocks(seq, max(seq.num_computed_tokens, seq.num_cached_tokens))
+        # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
         # BEGIN EXERCISE 05.5: free with reference counts — decrement, and free blocks nobody uses
         for block_id in reversed(seq.block_table):  # tail first, so shared prefixes stay cached longest
             block = self.blocks[block_id]

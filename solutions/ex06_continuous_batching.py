@@ -29,6 +29,7 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     top-p keeps ranks 0 and 1 → [l0, l1, -inf, -inf, -inf]. (On the full distribution, [0, 0.30, 0.55]
     would have kept three: the order matters.)
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 06.1: top-k / top-p — sort each row, drop ranks past k, then tokens past cumulative probability p
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     rank = torch.arange(logits.shape[-1], device=logits.device)
@@ -74,6 +75,7 @@ class Scheduler(minillm.engine.scheduler.Scheduler):
         the first takes 2 blocks and runs; the second cannot be allocated, so the step returns only the first
         and the second waits with an empty block_table.
         """
+        # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
         # BEGIN EXERCISE 06.2: prefill selection — admit waiting sequences under the sequence, token and block budgets
         scheduled, budget = [], self.max_num_batched_tokens
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
@@ -116,6 +118,7 @@ class Scheduler(minillm.engine.scheduler.Scheduler):
         is WAITING, first in waiting, with an empty block_table, and make_room(low) returns False; high stays
         RUNNING with 2 blocks in its block_table.
         """
+        # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
         # BEGIN EXERCISE 06.3: preemption — free the least important running sequence until seq fits
         while not self.block_manager.can_append(seq):
             victim = max(self.running, key=self.queue_key)
@@ -148,6 +151,7 @@ class Scheduler(minillm.engine.scheduler.Scheduler):
         has num_computed_tokens 2, finish_reason None, and is the only one left in running.
         Returns the first two.
         """
+        # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
         # BEGIN EXERCISE 06.4: postprocess — append each sampled token, finish on EOS / stop token / max_tokens, free
         updated = []
         for seq, token in zip(seqs, token_ids):

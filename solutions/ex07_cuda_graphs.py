@@ -23,6 +23,7 @@ def decode_buckets(max_batch: int) -> list[int]:
     [1, 2]; 1 gives [1]. When max_batch is not a multiple of 16 (20), the largest bucket is below it, and a
     batch of 17-20 has no bucket (it runs eagerly).
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 07.1: decode buckets — 1, 2, 4, 8, then every multiple of 16, none past max_batch
     return [b for b in (1, 2, 4, 8) if b <= max_batch] + list(range(16, max_batch + 1, 16))
     # END EXERCISE
@@ -39,6 +40,7 @@ def pick_bucket(buckets: list[int], batch: int) -> int | None:
 
     Examples, buckets [1, 2, 4, 8, 16, 32]: batch 1 → 1, 3 → 4, 8 → 8, 9 → 16, 17 → 32, 33 → None.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 07.2: pick the bucket — the smallest one that holds the batch, None if none does
     return next((b for b in buckets if b >= batch), None)
     # END EXERCISE
@@ -69,6 +71,7 @@ def pad_decode_inputs(
     Example: batch 3, bucket 4 → row 3 becomes input_ids 0, positions 0, slot_mapping -1, context_lens 1,
     block_tables row [0, 0, ...]; rows 0-2 keep the step's values.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 07.3: pad the batch — fill rows batch..bucket-1 with a harmless row writing to PAD_SLOT_ID
     rows = slice(batch, bucket)
     input_ids[rows] = 0

@@ -1,4 +1,5 @@
-"""The torch attention backend: decode in chunks of rows equals one call over the whole batch; packed prefill
+"""The attention backends: the CPU backend's torch path (no kernels) decodes in chunks of rows, which equals one
+call over the whole batch; packed prefill
 equals chapter 03's causal attention, sequence by sequence, and over a prefix never holds the scores."""
 
 import itertools
@@ -10,7 +11,8 @@ from torch.nn.attention.bias import CausalBias
 from torch.overrides import TorchFunctionMode
 from torch.profiler import ProfilerActivity, profile
 
-from minillm.layers.attention import TorchAttentionBackend, causal_attention
+from minillm.layers.attention import causal_attention
+from minillm.layers.attention.backends import CPUAttentionBackend
 from minillm.layers.paged_attention import paged_decode_attention, prefill_attention
 from minillm.utils.context import Context
 
@@ -30,7 +32,8 @@ def test_decode_in_chunks_of_rows_equals_one_call():
     )
     q = torch.randn(len(lens), heads, head_dim)
     ctx = Context(block_tables=torch.tensor(tables), context_lens=lens, context_lens_cpu=lens.tolist())
-    backend = TorchAttentionBackend()
+    backend = CPUAttentionBackend()
+    backend.built = False  # as where the C++ kernels cannot be built: the chunked torch path
     assert backend.decode_rows < len(lens)
     chunked = backend.decode(q, k_cache, v_cache, ctx, 0.25)
     torch.testing.assert_close(chunked, paged_decode_attention(q, k_cache, v_cache, ctx.block_tables, lens, 0.25))

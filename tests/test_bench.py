@@ -79,9 +79,9 @@ class FakeRunner:
         return seqs
 
     def load(self, inputs):
-        return None, None
+        return None
 
-    def run_model(self, input_ids, positions, is_prefill):
+    def run_model(self, ctx, replay=False):
         return sum(range(10_000))
 
     def prepare_sample(self, seqs):
@@ -110,7 +110,7 @@ class FakeEngine:
         seqs, is_prefill = self.scheduler.schedule()
         runner = self.model_runner
         inputs = (runner.prepare_prefill if is_prefill else runner.prepare_decode)(seqs)
-        logits = runner.run_model(*runner.load(inputs), is_prefill)
+        logits = runner.run_model(runner.load(inputs))
         runner.sampler(runner.prepare_sample(logits))
         return self.scheduler.postprocess(seqs, [])
 
@@ -376,7 +376,9 @@ def test_each_ladder_rung_turns_on_one_more_technique():
     assert ladder.rung_options("continuous", "cpu") == ladder.NOTHING
     assert ladder.rung_options("prefix-caching", "cpu") == ladder.NOTHING | dict(enable_prefix_caching=True)
     cpu, cuda = ladder.rung_options("compiled", "cpu"), ladder.rung_options("compiled", "cuda")
-    assert cpu == cuda | dict(attention_backend="cpu") and cuda["attention_backend"] == "torch"  # kernels: CPU only
+    assert (
+        cpu == cuda | dict(attention_backend="cpu", native_kernels=True) and cuda["attention_backend"] == "torch"
+    )  # kernels: CPU only
     assert cpu["compile_layers"] and cpu["enforce_eager"] is False  # compiled steps and layers, as run_compiled runs
     assert ladder.rung_options("triton", "cuda")["attention_backend"] == "triton"
     with pytest.raises(ValueError, match="does not run on cpu"):

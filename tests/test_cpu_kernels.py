@@ -5,8 +5,10 @@ against the naive loop; the torch path when they cannot be built."""
 import pytest
 import torch
 
-from minillm.layers import attention
-from minillm.layers.attention import CPUAttentionBackend
+from minillm import platforms
+from minillm.config import Config
+from minillm.layers import linear_method
+from minillm.layers.attention.backends import CPUAttentionBackend, cpu
 from minillm.layers.cpu_kernels import (
     cpu_kernels,
     embed_packed,
@@ -20,7 +22,9 @@ from minillm.layers.cpu_kernels import (
     store_kvcache_cpu,
 )
 from minillm.layers.linear import LinearBase
+from minillm.layers.linear_method import PackedLinearMethod, UnquantizedLinearMethod
 from minillm.layers.paged_attention import paged_decode_attention, store_decode_kvcache, store_kvcache
+from minillm.platforms import select_platform
 from minillm.utils.context import Context
 
 if not cpu_kernels():
@@ -137,15 +141,26 @@ def test_backend_takes_the_kernel_and_its_torch_path_without_it(monkeypatch):
     ctx = Context(block_tables=tables, context_lens=lens, context_lens_cpu=lens.tolist())
     expected = paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.25)
     calls = []
-    monkeypatch.setattr(attention, "paged_decode_attention_cpu", counting(calls, paged_decode_attention_cpu))
+    monkeypatch.setattr(cpu, "paged_decode_attention_cpu", counting(calls, paged_decode_attention_cpu))
     assert (CPUAttentionBackend().decode(q, k_cache, v_cache, ctx, 0.25) - expected).abs().max() < 1e-5 and calls
-    monkeypatch.setattr(attention, "cpu_kernels", lambda: False)  # not built: chunks of decode_rows in torch
+    monkeypatch.setattr(cpu, "cpu_kernels", lambda: False)  # not built: chunks of decode_rows in torch
     backend, calls[:] = CPUAttentionBackend(), []
     torch.testing.assert_close(backend.decode(q, k_cache, v_cache, ctx, 0.25), expected)
+    assert not calls
+
+
+def test_the_cpu_platform_packs_the_weights_and_without_kernels_keeps_them(monkeypatch):
+    assert type(select_platform(Config(), torch.float32).linear_method) is PackedLinearMethod
     model = torch.nn.Sequential(LinearBase(4, 4))
-    weight = model[0].weight
-    backend.prepare_model(model)
-    assert model[0].weight is weight and model[0].kernel is None and not calls
+    monkeypatch.setattr(platforms, "cpu_kernels", lambda: False)  # the kernels cannot be built here
+    for platform in (
+        select_platform(Config(), torch.float32),
+        select_platform(Config(native_kernels=False), torch.float32),
+    ):
+        weight = model[0].weight
+        assert type(platform.linear_method) is UnquantizedLinearMethod and not platform.layer_kernels
+        platform.prepare_model(model)
+        assert model[0].weight is weight and model[0].kernel is None
 
 
 def test_a_failed_build_warns_once_and_returns_false(monkeypatch):
@@ -165,11 +180,11 @@ def test_default_model_on_the_kernel_equals_naive(monkeypatch):
     from minillm.tokenizer import Tokenizer
 
     calls, matmuls, packed_matmuls, stores = [], [], [], []
-    monkeypatch.setattr(attention, "paged_decode_attention_cpu", counting(calls, paged_decode_attention_cpu))
-    monkeypatch.setattr(attention, "linear_packed", counting(matmuls, linear_packed))
+    monkeypatch.setattr(cpu, "paged_decode_attention_cpu", counting(calls, paged_decode_attention_cpu))
+    monkeypatch.setattr(linear_method, "linear_packed", counting(matmuls, linear_packed))
     op = torch.ops.minillm_cpu.linear
     monkeypatch.setattr(torch.ops.minillm_cpu, "linear", counting(packed_matmuls, op))
-    monkeypatch.setattr(attention, "store_kvcache_cpu", counting(stores, store_kvcache_cpu))
+    monkeypatch.setattr(cpu, "store_kvcache_cpu", counting(stores, store_kvcache_cpu))
     path = default_model_path()
     tok, model = Tokenizer(path), build_model(path)
     prompts = [tok.encode(o) for o in heldout_openings(5)]

@@ -43,7 +43,7 @@ def cuda_runner(backend: str, **config):
     model = SimpleNamespace(config=ModelConfig.from_pretrained(default_model_path()))
     return SimpleNamespace(
         device=torch.device("cuda"),
-        attn_backend=SimpleNamespace(name=backend),
+        platform=SimpleNamespace(attention_backend=SimpleNamespace(name=backend), replays_decode=True),
         model=model,
         group=None,
         block_size=16,

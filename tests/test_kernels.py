@@ -11,11 +11,14 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from minillm import LLM, SamplingParams, kernels  # noqa: E402
+from minillm.config import Config  # noqa: E402
 from minillm.engine.graphs import PAD_SLOT_ID  # noqa: E402
 from minillm.kernels import common  # noqa: E402
 from minillm.layers import paged_attention as ref  # noqa: E402
-from minillm.layers.attention import select_attention_backend  # noqa: E402
-from minillm.layers.rms_norm import add_rms_norm, rms_norm  # noqa: E402
+from minillm.layers.attention.backends import select_attention_backend  # noqa: E402
+from minillm.layers.linear_method import UnquantizedLinearMethod  # noqa: E402
+from minillm.layers.rms_norm import RMSNorm, add_rms_norm, rms_norm  # noqa: E402
+from minillm.platforms import select_platform  # noqa: E402
 
 if not kernels.INTERPRET and not torch.cuda.is_available():
     pytest.skip("TRITON_INTERPRET is set to something other than 1 and there is no GPU", allow_module_level=True)
@@ -113,6 +116,20 @@ def test_rms_norms_equal_torch(hidden, eps):
     assert torch.equal(x, x0) and torch.equal(residual, r0), "the inputs stay unchanged"
 
 
+def test_rms_norm_layer_with_the_triton_kernel_equals_the_layer_without():
+    torch.manual_seed(0)
+    layer = RMSNorm(48, eps=1e-6).to(DEVICE)
+    with torch.no_grad():
+        layer.weight.copy_(randn(48))
+    x, residual = randn(5, 48), randn(5, 48)
+    expected, (expected_normed, expected_residual) = layer(x), layer(x, residual)
+    layer.kernel = kernels.norm  # as the model runner sets it (an instance attribute: the class keeps None)
+    torch.testing.assert_close(layer(x), expected, **TOL)
+    normed, new_residual = layer(x, residual)
+    torch.testing.assert_close(normed, expected_normed, **TOL)
+    assert torch.equal(new_residual, expected_residual)
+
+
 def test_cpu_tensors_without_the_interpreter_raise_an_error_naming_the_variable(monkeypatch):
     monkeypatch.setattr(common, "INTERPRET", False)
     x = torch.zeros(2, 8)
@@ -131,6 +148,20 @@ def test_auto_picks_triton_on_cuda_when_it_compiles_the_cpu_kernel_on_a_cpu_and_
         select_attention_backend("flash")
 
 
+def test_the_cuda_platform_wires_the_triton_norm_where_triton_compiles(monkeypatch):
+    """What a CUDA engine's platform hands its layers, chosen without a GPU: the Triton attention backend and
+    RMSNorm kernel where Triton compiles, the plain F.linear, compiled layers and CUDA graphs by default."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    platform = select_platform(Config(device="cuda"), torch.bfloat16)
+    assert platform.attention_backend.name == "triton" and platform.layer_kernels == {RMSNorm: kernels.norm}
+    assert type(platform.linear_method) is UnquantizedLinearMethod
+    assert platform.compile_layers and platform.replays_decode and platform.threads is None
+    plain = select_platform(Config(device="cuda", native_kernels=False), torch.bfloat16)
+    assert plain.attention_backend.name == "torch" and not plain.layer_kernels
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # Triton would run interpreted: neither the backend nor the norm
+    assert not select_platform(Config(device="cuda"), torch.bfloat16).layer_kernels
+
+
 def test_engine_on_the_triton_backend_gives_the_torch_backends_tokens():
     """The default model, two prompts of different lengths (decode batches of 2, then 1), one block boundary."""
     prompts = ["Once upon a time", "The little fox found a"]
@@ -138,6 +169,6 @@ def test_engine_on_the_triton_backend_gives_the_torch_backends_tokens():
     runs = {}
     for backend in ("torch", "triton"):
         llm = LLM(attention_backend=backend, device=DEVICE, kvcache_block_size=4, num_kvcache_blocks=32)
-        assert llm.model_runner.attn_backend.name == backend
+        assert llm.model_runner.platform.attention_backend.name == backend
         runs[backend] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert runs["triton"] == runs["torch"] and [len(t) for t in runs["torch"]] == [6, 4]

@@ -120,7 +120,7 @@ def test_engine_on_the_triton_backend_equals_naive(tiny_checkpoint, enforce_eage
         attention_backend="triton",
         enforce_eager=enforce_eager,
     )
-    assert llm.model_runner.attn_backend.name == "triton"
+    assert llm.model_runner.platform.attention_backend.name == "triton"
     outputs = llm.generate(prompts, params, use_tqdm=False)
     cpu = build_model(tiny_checkpoint)
     assert [o.token_ids for o in outputs] == [

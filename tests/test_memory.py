@@ -26,7 +26,7 @@ gc.collect(); release_freed_memory()
 after = process_memory()
 growth = None if before is None else after["rss"] - before["rss"]
 print(json.dumps(dict(growth=growth, kv=llm.model_runner.kv_cache.nbytes,
-                      backend=llm.model_runner.attn_backend.name)))
+                      backend=llm.model_runner.platform.attention_backend.name)))
 """
 
 

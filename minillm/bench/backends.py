@@ -130,7 +130,7 @@ def run_minillm(models: Models, workload: Workload, warmup: Workload, args, llm:
         {
             "breakdown": breakdown.summary(),
             "graph_mode": llm.model_runner.graph_mode,
-            "attention_backend": llm.model_runner.attn_backend.name,
+            "attention_backend": llm.model_runner.platform.attention_backend.name,
         },
     )
 

@@ -51,14 +51,26 @@ class Rung:
 
 
 # the engine with every technique of the ladder off; each rung turns on one more
-NOTHING = dict(enforce_eager=True, compile_layers=False, attention_backend="torch", enable_prefix_caching=False)
+NOTHING = dict(
+    enforce_eager=True,
+    compile_layers=False,
+    attention_backend="torch",
+    native_kernels=False,
+    enable_prefix_caching=False,
+)
 RUNGS = [
     Rung("naive", "recompute all tokens, 1 request at a time", one_at_a_time(generate_naive, "naive"), slow=True),
     Rung("kv-cache", "+ contiguous KV cache", one_at_a_time(generate_cached, "kv-cache"), slow=True),
     Rung("static", "+ static batches, paged cache", run_static),
     Rung("continuous", "+ continuous batching", run_minillm),
     Rung("prefix-caching", "+ prefix caching", run_minillm, dict(enable_prefix_caching=True)),
-    Rung("cpu-kernels", "+ C++ CPU kernels", run_minillm, dict(attention_backend="cpu"), device="cpu"),
+    Rung(
+        "cpu-kernels",
+        "+ C++ CPU kernels",
+        run_minillm,
+        dict(attention_backend="cpu", native_kernels=True),
+        device="cpu",
+    ),
     Rung(
         "compiled",
         "+ compiled steps and layers / CUDA graphs",

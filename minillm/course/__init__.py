@@ -2,6 +2,7 @@
 
 An exercise is a region of minillm's own source fenced by marker comments:
 
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 03.1: RMSNorm — divide by the root mean square of the last dimension, then scale by weight
     ...reference body...
     # END EXERCISE

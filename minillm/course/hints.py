@@ -378,7 +378,8 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "Each rank multiplies its slice of the input by its slice of the weight: a partial result of the full "
         "output size. The ranks' partials add up to the whole product; an all-reduce does the adding. The "
         "bias belongs to the sum, not to every partial.",
-        "`F.linear(x, weight, bias)` is x @ weightᵀ + bias; `all_reduce(partial, group)` from "
+        "`linear(x, weight, bias)` is x @ weightᵀ + bias by the layer's own kernel (F.linear unless the "
+        "platform gave it another); `all_reduce(partial, group)` from "
         "minillm.utils.parallel sums over the ranks and returns the sum (and does nothing for group None).",
         "Pass the bias only on rank 0 (None elsewhere), or the sum holds it tp_size times. Call all_reduce "
         "exactly once, on the partial with the bias in it, and return what it gives back. Do not cut x: it "

@@ -31,6 +31,7 @@ def compute_block_hash(token_ids: list[int], prefix_hash: int) -> int:
     compute_block_hash([5, 6, 7, 8], h1), the block [5, 6, 7, 8] right after it, differs from
     compute_block_hash([5, 6, 7, 8], -1); and compute_block_hash([1, 2, 4, 3], -1) != h1.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 05.3: chained block hash — hash the previous block's hash together with this block's tokens
     h = hashlib.blake2b(digest_size=8)
     h.update(prefix_hash.to_bytes(8, "little", signed=True))
@@ -131,6 +132,7 @@ class BlockManager:
         Example, block_size 4: a computed sequence of tokens 0..8 holds blocks [a, b, c]; allocating tokens
         0..7, 99, 98 gives the table [a, b, new block], ref counts 2 on a and b, num_cached_tokens 8.
         """
+        # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
         # BEGIN EXERCISE 05.4: allocate with prefix reuse — walk the full blocks, reuse hash hits (checking tokens), else take new
         assert not seq.block_table, "sequence already has blocks"
         seq.num_cached_tokens = 0
@@ -175,6 +177,7 @@ class BlockManager:
         # Not part of the exercise: hashed => written. A sequence released before its step ran (preempted by a later
         # sequence of the same step, aborted, rolled back) leaves no block that step was to fill findable by hash.
         self.uncache_blocks(seq, max(seq.num_computed_tokens, seq.num_cached_tokens))
+        # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
         # BEGIN EXERCISE 05.5: free with reference counts — decrement, and free blocks nobody uses
         for block_id in reversed(seq.block_table):  # tail first, so shared prefixes stay cached longest
             block = self.blocks[block_id]

@@ -7,8 +7,8 @@ graph (one launch for the whole step, as nano-vllm and vLLM do); on a CPU it is 
 torch.compile with fixed shapes (inductor's generated C++: one call, elementwise chains fused) and called
 directly, built the first time a batch needs it, so that an engine starts at once.
 
-Both read their inputs from the model runner's preallocated buffers, so each replay finds the step's tokens,
-positions, slots and block tables at the addresses it was recorded with.
+Both read their inputs from the model runner's input buffers (minillm.engine.input_batch), so each replay finds
+the step's tokens, positions, slots and block tables at the addresses it was recorded with.
 """
 
 import time
@@ -16,6 +16,7 @@ import weakref
 
 import torch
 
+from minillm.engine.input_batch import StepInputs
 from minillm.utils.compile import compiled_layers
 from minillm.utils.context import Context, get_context, reset_context, set_context
 
@@ -36,6 +37,7 @@ def decode_buckets(max_batch: int) -> list[int]:
     [1, 2]; 1 gives [1]. When max_batch is not a multiple of 16 (20), the largest bucket is below it, and a
     batch of 17-20 has no bucket (it runs eagerly).
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 07.1: decode buckets — 1, 2, 4, 8, then every multiple of 16, none past max_batch
     return [b for b in (1, 2, 4, 8) if b <= max_batch] + list(range(16, max_batch + 1, 16))
     # END EXERCISE
@@ -51,6 +53,7 @@ def pick_bucket(buckets: list[int], batch: int) -> int | None:
 
     Examples, buckets [1, 2, 4, 8, 16, 32]: batch 1 → 1, 3 → 4, 8 → 8, 9 → 16, 17 → 32, 33 → None.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 07.2: pick the bucket — the smallest one that holds the batch, None if none does
     return next((b for b in buckets if b >= batch), None)
     # END EXERCISE
@@ -80,6 +83,7 @@ def pad_decode_inputs(
     Example: batch 3, bucket 4 → row 3 becomes input_ids 0, positions 0, slot_mapping -1, context_lens 1,
     block_tables row [0, 0, ...]; rows 0-2 keep the step's values.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 07.3: pad the batch — fill rows batch..bucket-1 with a harmless row writing to PAD_SLOT_ID
     rows = slice(batch, bucket)
     input_ids[rows] = 0
@@ -91,38 +95,32 @@ def pad_decode_inputs(
 
 
 class DecodeGraphs:
-    """Runs decode steps of `runner`'s model per bucket, on the runner's preallocated input buffers: the
-    choice of bucket and the padding are shared; how a bucket is built and replayed is the subclass's."""
-
-    whole_block_tables = False  # pass every column of the block-table buffer (a recorded graph's fixed shape)
+    """Runs decode steps of `runner`'s model per bucket: the choice of bucket and building every bucket are
+    shared; how a bucket is built and replayed is the subclass's. A replayed step reads its inputs from the
+    runner's input buffers, which the runner has loaded and padded to the bucket (InputBuffers.load)."""
 
     def __init__(self, runner, max_batch: int):
         self.runner, self.buckets = runner, decode_buckets(max_batch)
         self.build_seconds: dict[int, float] = {}  # bucket -> time building it took
 
-    def __call__(self, batch: int) -> torch.Tensor | None:
-        """The hidden states [batch, hidden] of the decode step that prepare_decode wrote into the runner's
-        buffers and the step context, computed in its bucket; None if no bucket holds it."""
-        bucket = pick_bucket(self.buckets, batch)
-        if bucket is None:
-            return None
-        ctx = get_context()
-        self.set_padded_context(batch, bucket, ctx.block_tables.shape[1], ctx.context_lens_cpu)
-        return self.replay(bucket)[:batch]
+    def bucket_for(self, batch: int) -> int | None:
+        """The bucket a decode step of `batch` rows runs in; None if none holds it (then it runs op by op)."""
+        return pick_bucket(self.buckets, batch)
 
-    def set_padded_context(self, batch: int, bucket: int, width: int, context_lens_cpu: list[int]) -> None:
-        """Pad the buffers from `batch` to `bucket` rows and point the step context at their first rows."""
-        r = self.runner
-        pad_decode_inputs(r.input_ids, r.positions, r.slot_mapping, r.context_lens, r.block_tables_buf, batch, bucket)
-        tables = r.block_tables_buf[:bucket] if self.whole_block_tables else r.block_tables_buf[:bucket, :width]
-        set_context(
-            Context(
-                slot_mapping=r.slot_mapping[:bucket],
-                context_lens=r.context_lens[:bucket],
-                block_tables=tables,
-                context_lens_cpu=context_lens_cpu + [1] * (bucket - batch),
-            )
+    def __call__(self, ctx: Context) -> torch.Tensor:
+        """The hidden states [batch, hidden] of the decode step in `ctx`, loaded at its bucket's rows: padded,
+        then replayed in that bucket."""
+        batch = len(ctx.context_lens_cpu)
+        return self.replay(self.pad(ctx, batch))[:batch]
+
+    def pad(self, ctx: Context, batch: int) -> int:
+        """Turn the context's rows past `batch` into padding (pad_decode_inputs); returns its bucket."""
+        bucket = len(ctx.input_ids)
+        pad_decode_inputs(
+            ctx.input_ids, ctx.positions, ctx.slot_mapping, ctx.context_lens, ctx.block_tables, batch, bucket
         )
+        ctx.context_lens_cpu = ctx.context_lens_cpu[:batch] + [1] * (bucket - batch)
+        return bucket
 
     @torch.inference_mode()
     def capture(self, max_batch: int | None = None) -> None:
@@ -130,14 +128,19 @@ class DecodeGraphs:
         the layers compiled or not as the steps will run them (a compiled step is only valid for that setting)."""
         for bucket in reversed([b for b in self.buckets if max_batch is None or b <= max_batch]):
             if bucket not in self.build_seconds:
-                self.set_padded_context(0, bucket, 1, [])
+                ctx = self.runner.load(StepInputs(False, [], [], [], [], context_lens=[]), bucket)
+                self.pad(ctx, 0)
+                set_context(ctx)
                 try:
-                    start = time.perf_counter()
                     with compiled_layers(self.runner.compile_layers):
-                        self.build(bucket)
-                    self.build_seconds[bucket] = time.perf_counter() - start
+                        self.timed_build(bucket)
                 finally:
                     reset_context()
+
+    def timed_build(self, bucket: int) -> None:
+        start = time.perf_counter()
+        self.build(bucket)
+        self.build_seconds[bucket] = time.perf_counter() - start
 
     def describe(self) -> str:
         built = ", ".join(f"{b} ({s:.1f} s)" for b, s in sorted(self.build_seconds.items())) or "none yet"
@@ -154,7 +157,6 @@ class CompiledDecodeSteps(DecodeGraphs):
     either way the step's tensors are read from the runner's buffers, block tables at their full width."""
 
     kind = "compiled decode steps"
-    whole_block_tables = True  # the compiled step reads the block-table rows it was compiled with, at a fixed width
     inductor_options = {"cpp_wrapper": True, "size_asserts": False}  # shapes are fixed: no size checks per call
 
     def __init__(self, runner, max_batch: int):
@@ -177,16 +179,12 @@ class CompiledDecodeSteps(DecodeGraphs):
             this().steps[bucket] = compiled, list(example_inputs)
             return compiled
 
-        r = self.runner
-        torch.compile(r.model, backend=backend, dynamic=False, fullgraph=True)(
-            r.input_ids[:bucket], r.positions[:bucket]
-        )
+        ctx = get_context()  # the bucket's padded inputs, views of the runner's buffers
+        torch.compile(self.runner.model, backend=backend, dynamic=False, fullgraph=True)(ctx.input_ids, ctx.positions)
 
     def replay(self, bucket: int) -> torch.Tensor:
         if bucket not in self.steps:  # the first batch that needs a bucket builds it
-            start = time.perf_counter()
-            self.build(bucket)
-            self.build_seconds[bucket] = time.perf_counter() - start
+            self.timed_build(bucket)
         compiled, inputs = self.steps[bucket]
         return compiled(*inputs)[0]
 
@@ -199,7 +197,6 @@ class CUDADecodeGraphs(DecodeGraphs):
     read back to the host (the decode store writes padding to PAD_SLOT_ID instead of masking it out)."""
 
     kind = "CUDA graphs"
-    whole_block_tables = True
 
     def __init__(self, runner, max_batch: int):
         super().__init__(runner, max_batch)
@@ -213,10 +210,10 @@ class CUDADecodeGraphs(DecodeGraphs):
         )
 
     def build(self, bucket: int) -> None:
-        r, graph = self.runner, torch.cuda.CUDAGraph()
-        self.outputs[:bucket] = r.model(r.input_ids[:bucket], r.positions[:bucket])  # warm-up: lazy init, compile
+        model, ctx, graph = self.runner.model, get_context(), torch.cuda.CUDAGraph()
+        self.outputs[:bucket] = model(ctx.input_ids, ctx.positions)  # warm-up: lazy init, compile
         with torch.cuda.graph(graph, self.pool):
-            self.outputs[:bucket] = r.model(r.input_ids[:bucket], r.positions[:bucket])
+            self.outputs[:bucket] = model(ctx.input_ids, ctx.positions)
         self.pool = self.pool or graph.pool()
         self.graphs[bucket] = graph
         torch.cuda.synchronize()

@@ -157,10 +157,7 @@ class LLMEngine:
                     "workers and cannot continue: create a new LLM"
                 ) from e
             raise
-        for seq in updated:
-            seq.first_token_time = seq.first_token_time or now
-            if seq.is_finished:
-                seq.finish_time = now
+        record_token_times(updated, now)
         return updated, sum(seq.num_scheduled_tokens for seq in seqs)
 
     def is_finished(self) -> bool:
@@ -251,6 +248,14 @@ class LLMEngine:
             )
             for seq in seqs
         ]
+
+
+def record_token_times(seqs: list[Sequence], now: float) -> None:
+    """Stamp the sequences that got a token at `now`: the time of each one's first token, and of its last."""
+    for seq in seqs:
+        seq.first_token_time = seq.first_token_time or now
+        if seq.is_finished:
+            seq.finish_time = now
 
 
 def eos_token_ids(path: Path, model_config: ModelConfig, tokenizer: Tokenizer | None) -> list[int]:

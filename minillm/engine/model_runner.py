@@ -1,71 +1,47 @@
 """ModelRunner: owns the model and the KV cache; turns a batch of sequences into flat tensors, runs, samples.
 
 Three steps, as in nano-vllm: `prepare_prefill` / `prepare_decode` lay the batch out as host-side lists (the
-`StepInputs`), `load` writes them into preallocated input buffers and sets the step context; `run_model` is
-the forward pass (the one place that chooses between eager, compiled and graph replay); the `Sampler` picks
-the tokens. Under tensor parallelism (chapter 10) every rank has a ModelRunner with its shard of the model:
-rank 0 prepares each step and broadcasts its StepInputs, every rank loads and runs them, rank 0 samples.
+`StepInputs`), `load` writes them into preallocated input buffers as the step's Context; `run_model` is the
+forward pass (the one place that chooses between eager, compiled and graph replay); the `Sampler` picks the
+tokens. What the device offers (kernels, attention backend, threads, defaults) is the runner's Platform. Under
+tensor parallelism (chapter 10) every rank has a ModelRunner with its shard of the model: rank 0 prepares each
+step and broadcasts its StepInputs, every rank loads and runs them, rank 0 samples.
 """
 
-import itertools
-import os
-from dataclasses import dataclass
-
-import numpy as np
 import torch
 
 from minillm.config import Config
 from minillm.engine.graphs import CompiledDecodeSteps, CUDADecodeGraphs
+from minillm.engine.input_batch import InputBuffers, StepInputs
 from minillm.engine.kv_cache import allocate_kv_cache, kv_cache_bytes_per_token
 from minillm.engine.sequence import Sequence
-from minillm.layers.attention import Attention, select_attention_backend
 from minillm.layers.paged_attention import slot_mapping_for
 from minillm.layers.sampler import Sampler, SamplingMetadata
 from minillm.models import build_model
+from minillm.platforms import select_platform
 from minillm.sampling_params import SamplingParams
 from minillm.utils.compile import compiled_layers
-from minillm.utils.context import Context, get_context, reset_context, set_context
+from minillm.utils.context import Context, reset_context, set_context
 from minillm.utils.parallel import TensorParallelGroup, cpu_threads, tensor_parallel
 
 TORCH_GRAPH_GATHER_BYTES = 2**30  # the most the torch backend's decode attention may copy out per layer in a graph
 
 
-@dataclass
-class StepInputs:
-    """One step's batch as plain host-side lists: what `load` puts into the input buffers and the step context,
-    and what rank 0 sends to the other tensor-parallel ranks (small, and the same for any device)."""
-
-    is_prefill: bool
-    input_ids: list[int]
-    positions: list[int]
-    slot_mapping: list[int]
-    block_tables: list[list[int]] | None = None  # per sequence; None for a prefill with nothing cached
-    cu_seqlens_q: list[int] | None = None  # prefill
-    cu_seqlens_k: list[int] | None = None
-    logits_indices: list[int] | None = None
-    context_lens: list[int] | None = None  # decode
-
-
 class ModelRunner:
     def __init__(self, config: Config, model_path, group: TensorParallelGroup | None = None):
         self.group = group  # None: one process holds the whole model
-        self.device = torch.device(config.device)
-        if group and self.device.type == "cuda":  # one device per rank
-            self.device = torch.device("cuda", group.local_rank)
-            torch.cuda.set_device(self.device)
         self.dtype = getattr(torch, config.dtype)
+        self.platform = select_platform(
+            config, self.dtype, group.size if group else 1, group.local_rank if group else 0
+        )
+        self.device = self.platform.device
+        if group and self.device.type == "cuda":  # one device per rank
+            torch.cuda.set_device(self.device)
         with tensor_parallel(group):
             self.model = build_model(model_path, self.dtype, self.device)
-        # ranks sharing a CPU split its cores: rank 0 too, while a step runs (the workers set theirs at start)
-        cpu_tp = group is not None and self.device.type == "cpu"
-        self.threads_per_rank = max(1, (os.cpu_count() or 1) // group.size) if cpu_tp else None
+        self.attn_layers = self.platform.prepare_model(self.model)  # kernels, weight layout, attention backend
         self.block_size = config.kvcache_block_size
-        self.attn_backend = select_attention_backend(config.attention_backend, self.device)
-        for layer in self.model.modules():
-            if isinstance(layer, Attention):
-                layer.backend = self.attn_backend
-        self.attn_backend.prepare_model(self.model)  # the layers' kernels and their weights' layout
-        self.allocate_input_buffers(config)
+        self.buffers = InputBuffers(config, self.block_size, self.device)
         self.sampler = Sampler()
         self.eager_reason = self.why_eager(config)  # before the KV budget: CUDA graphs keep a memory pool
         tp_size = group.size if group else 1  # each rank caches its share of the KV heads
@@ -81,7 +57,7 @@ class ModelRunner:
             )
         # one spare block at the end, never handed out: padded rows of a decode step write there (PAD_SLOT_ID)
         self.kv_cache = allocate_kv_cache(self.model, self.num_kvcache_blocks + 1, self.block_size)
-        self.compile_layers = self.device.type == "cuda" if config.compile_layers is None else config.compile_layers
+        self.compile_layers = self.platform.compile_layers if config.compile_layers is None else config.compile_layers
         self.graphs = None
         if self.eager_reason is None and self.device.type == "cuda":
             self.graphs = CUDADecodeGraphs(self, min(config.max_num_seqs, 512))
@@ -96,9 +72,9 @@ class ModelRunner:
         layer that is refused (an error if graphs were asked for, eager steps by default)."""
         if config.enforce_eager:
             return "enforce_eager=True"
-        if config.enforce_eager is None and self.device.type != "cuda":
+        if config.enforce_eager is None and not self.platform.replays_decode:
             return "the CPU default: compiling costs seconds per batch-size bucket; enforce_eager=False turns it on"
-        if self.device.type == "cuda" and self.attn_backend.name == "torch":
+        if self.device.type == "cuda" and self.platform.attention_backend.name == "torch":
             c, rows = self.model.config, min(config.max_num_seqs, 512)
             kv_heads = max(1, c.num_key_value_heads // (self.group.size if self.group else 1))
             width = -(-config.max_model_len // self.block_size) * self.block_size
@@ -122,18 +98,6 @@ class ModelRunner:
         the layers' hot functions are compiled."""
         steps = f"eager ({self.eager_reason})" if self.graphs is None else self.graphs.describe()
         return f"{steps}; layers {'compiled' if self.compile_layers else 'eager'}"
-
-    def allocate_input_buffers(self, config: Config) -> None:
-        """Input tensors at their largest (a step's tokens, its sequences, a sequence's blocks), allocated once;
-        each step fills their first rows, so a captured graph (chapter 07) can read them at fixed addresses."""
-        seqs = config.max_num_seqs
-        tokens = max(config.max_num_batched_tokens, seqs)  # a decode step has one token per sequence
-        max_blocks = -(-config.max_model_len // self.block_size)
-        buf = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=self.device)
-        self.input_ids, self.positions, self.slot_mapping = buf(tokens), buf(tokens), buf(tokens)
-        self.context_lens, self.cu_seqlens_q, self.cu_seqlens_k = buf(seqs), buf(seqs + 1), buf(seqs + 1)
-        self.block_tables_buf = buf(seqs, max_blocks)
-        self.logits_indices = buf(seqs)
 
     def kv_cache_budget(self, config: Config) -> int:
         """Bytes for the KV cache. CPU: kvcache_memory_bytes. CUDA: gpu_memory_utilization of the device, less
@@ -179,38 +143,13 @@ class ModelRunner:
     @torch.inference_mode()
     def dummy_forward(self, num_seqs: int, seq_len: int) -> torch.Tensor:
         """The forward pass of num_seqs prompts of seq_len tokens that store nothing (every slot -1)."""
-        cu = list(range(0, num_seqs * seq_len + 1, seq_len))
-        set_context(
-            Context(
-                is_prefill=True,
-                cu_seqlens_q_cpu=cu,
-                cu_seqlens_k_cpu=cu,
-                slot_mapping=torch.full((num_seqs * seq_len,), -1, device=self.device),
-            )
-        )
+        n, cu = num_seqs * seq_len, list(range(0, num_seqs * seq_len + 1, seq_len))
+        ctx = self.load(StepInputs(True, [0] * n, list(range(seq_len)) * num_seqs, [-1] * n, None, cu, cu, []))
+        set_context(ctx)
         try:
-            return self.model(
-                torch.zeros(num_seqs * seq_len, dtype=torch.long, device=self.device),
-                torch.arange(seq_len, device=self.device).repeat(num_seqs),
-            )
+            return self.model(ctx.input_ids, ctx.positions)
         finally:
             reset_context()
-
-    def fill(self, buffer: torch.Tensor, values: list) -> torch.Tensor:
-        """Copy host values into the first rows of an input buffer; returns that slice. The values go through
-        numpy, which turns a list of Python ints into an array several times faster than torch.tensor."""
-        out = buffer[: len(values)]
-        out.copy_(torch.from_numpy(np.array(values, dtype=np.int64)), non_blocking=True)
-        return out
-
-    def block_tables(self, tables: list[list[int]]) -> torch.Tensor:
-        """[num_seqs, max_blocks] block ids, padded with -1 (read into numpy in one pass: at batch 64 this took
-        0.4 ms a step through torch.tensor on the nested lists, and 0.1 ms so)."""
-        width = max(map(len, tables))
-        rows = itertools.chain.from_iterable(table + [-1] * (width - len(table)) for table in tables)
-        out = self.block_tables_buf[: len(tables), :width]
-        out.copy_(torch.from_numpy(np.fromiter(rows, np.int64, len(tables) * width)).view(len(tables), width))
-        return out
 
     def prepare_prefill(self, seqs: list[Sequence]) -> StepInputs:
         """Pack each sequence's scheduled tokens end to end: cu_seqlens, slot_mapping (and block_tables when some
@@ -242,33 +181,9 @@ class ModelRunner:
             context_lens=[len(seq) for seq in seqs],
         )
 
-    def load(self, s: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write a step's inputs into the buffers and set the step context; returns input_ids and positions."""
-        block_tables = None if s.block_tables is None else self.block_tables(s.block_tables)
-        slot_mapping = self.fill(self.slot_mapping, s.slot_mapping)
-        if s.is_prefill:
-            set_context(
-                Context(
-                    is_prefill=True,
-                    cu_seqlens_q=self.fill(self.cu_seqlens_q, s.cu_seqlens_q),
-                    cu_seqlens_k=self.fill(self.cu_seqlens_k, s.cu_seqlens_k),
-                    slot_mapping=slot_mapping,
-                    block_tables=block_tables,
-                    cu_seqlens_q_cpu=s.cu_seqlens_q,
-                    cu_seqlens_k_cpu=s.cu_seqlens_k,
-                    logits_indices=self.fill(self.logits_indices, s.logits_indices),
-                )
-            )
-        else:
-            set_context(
-                Context(
-                    slot_mapping=slot_mapping,
-                    block_tables=block_tables,
-                    context_lens=self.fill(self.context_lens, s.context_lens),
-                    context_lens_cpu=s.context_lens,
-                )
-            )
-        return self.fill(self.input_ids, s.input_ids), self.fill(self.positions, s.positions)
+    def load(self, inputs: StepInputs, bucket: int | None = None) -> Context:
+        """A step's inputs written into the input buffers, as its Context (at a bucket's rows, for a replay)."""
+        return self.buffers.load(inputs, self.attn_layers, bucket)
 
     def prepare_sample(self, seqs: list[Sequence]) -> SamplingMetadata:
         """Per-row sampling settings of the sequences that get a token this step."""
@@ -280,34 +195,35 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def run_model(self, input_ids: torch.Tensor, positions: torch.Tensor, is_prefill: bool) -> torch.Tensor:
-        """The forward pass on prepared inputs: logits of the rows that sample (in a prefill, the last new token
-        of each sequence that reaches its end; in a decode, every row). A decode step runs in its bucket's
-        compiled step when the runner has them (self.graphs), else op by op."""
+    def run_model(self, ctx: Context, replay: bool = False) -> torch.Tensor:
+        """The forward pass of a loaded step: logits of the rows that sample (in a prefill, the last new token of
+        each sequence that reaches its end; in a decode, every row). With `replay`, a decode step loaded at its
+        bucket's rows runs in that bucket's compiled step or CUDA graph (self.graphs), else op by op."""
         with compiled_layers(self.compile_layers):
-            hidden = None if is_prefill or self.graphs is None else self.graphs(len(input_ids))
-            if hidden is None:
-                hidden = self.model(input_ids, positions)
-            if is_prefill:
-                hidden = hidden[get_context().logits_indices]
+            hidden = self.graphs(ctx) if replay else self.model(ctx.input_ids, ctx.positions)
+            if ctx.is_prefill:
+                hidden = hidden[ctx.logits_indices]
             return self.model.compute_logits(hidden)
 
     def execute(self, inputs: StepInputs) -> torch.Tensor | None:
         """Load a step's inputs and run the forward pass: the logits of its sampled rows (None on ranks > 0)."""
+        bucket = None if inputs.is_prefill or self.graphs is None else self.graphs.bucket_for(len(inputs.input_ids))
+        ctx = self.load(inputs, bucket)
+        set_context(ctx)
         try:
-            return self.run_model(*self.load(inputs), inputs.is_prefill)
+            return self.run_model(ctx, replay=bucket is not None)
         finally:
             reset_context()
 
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int | None]:
         """One step; a token for each sequence that reached its end, None for a prefill chunk that did not.
-        A decode batch runs ordered by length (similar contexts side by side, see TorchAttentionBackend)."""
+        A decode batch runs ordered by length (similar contexts side by side, see CPUAttentionBackend)."""
         batch = seqs if is_prefill else sorted(seqs, key=len)
         inputs = (self.prepare_prefill if is_prefill else self.prepare_decode)(batch)
         if self.group:
             self.group.send_step(inputs)  # the other ranks run the same step on their shards
         try:
-            with cpu_threads(self.threads_per_rank):
+            with cpu_threads(self.platform.threads):  # ranks sharing a CPU split its cores
                 logits = self.execute(inputs)
         except BaseException as e:
             if self.group:  # the other ranks may wait in a collective this rank will never join

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from minillm.config import Config
 from minillm.engine.model_runner import ModelRunner
+from minillm.platforms import cpu_threads_per_rank
 from minillm.utils.parallel import TensorParallelGroup, env_store, launched_by_torchrun
 
 CONFIG_KEY = "minillm/config"
@@ -146,7 +147,7 @@ def main() -> None:
     exit_with_parent(int(os.environ["MINILLM_PARENT_PID"]))
     store, rank, size = env_store()
     config, path = pickle.loads(store.get(CONFIG_KEY))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))  # the ranks split the CPU's cores
+    torch.set_num_threads(cpu_threads_per_rank(size))  # the ranks split the CPU's cores
     store.set(f"joined{rank}", "1")
     group = TensorParallelGroup(store, rank, size, torch.device(config.device), int(os.environ["LOCAL_RANK"]))
     serve(ModelRunner(config, path, group))

@@ -44,6 +44,7 @@ def store_kvcache_kernel(
 
     Example, D = 4, slot_mapping [5, -1]: token 0's key goes to k_cache numbers 20..23, token 1 nowhere.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 09.1: the store kernel — one program copies its token's key and value into its slot, unless the slot is -1
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token)

@@ -37,6 +37,7 @@ def online_softmax_update(m_i, l_i, acc, scores, v):
     Example, one head, HEAD_DIM 1: m_i = 1, l_i = 1, acc = [2]; a block with scores [1, -inf], v [[4], [9]]
     gives m_new = 1, alpha = 1, p = [1, 0], l_new = 2, acc_new = [6] (the mean of the values 2 and 4).
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 09.2: the online-softmax update — rescale the running sums to the new maximum, add this block's weights and values
     m_new = tl.maximum(m_i, tl.max(scores, axis=1))
     alpha = tl.exp(m_i - m_new)

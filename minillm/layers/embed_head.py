@@ -23,6 +23,7 @@ def embed(input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     Example: with weight = [[0., 1.], [2., 3.], [4., 5.]] (vocab 3, hidden 2), ids [2, 0, 2] give
     [[4., 5.], [0., 1.], [4., 5.]] (shape [3, 2]), and the single id tensor(1) gives [2., 3.] (shape [2]).
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 02.1: embedding lookup — token id t becomes row t of the table, for ids of any shape
     return weight[input_ids]
     # END EXERCISE
@@ -44,6 +45,7 @@ def lm_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     Example: weight = [[1., 0.], [0., 1.], [1., 1.]] (vocab 3, hidden 2) and hidden = [2., 3.] give logits
     [2., 3., 5.] (shape [3]); a [4, 2] hidden gives [4, 3] logits.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 02.2: LM head — one logit per vocabulary entry: hidden dotted with each row of the table
     return hidden @ weight.T
     # END EXERCISE
@@ -69,6 +71,7 @@ def vocab_parallel_embed(
     Example: vocabulary 4 split over 2 ranks, rank 1 holds rows 2-3 = [[5., 5.], [7., 7.]] (vocab_start 2): ids
     [0, 3, 2] give [[0., 0.], [7., 7.], [5., 5.]] on rank 1 before the all-reduce.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 10.4: vocab-parallel embedding — look up this rank's ids, zero the others, all-reduce
     local = input_ids - vocab_start
     mine = (local >= 0) & (local < weight.shape[0])
@@ -80,7 +83,7 @@ def vocab_parallel_embed(
 class VocabParallelEmbedding(nn.Module):
     """The embedding table, [vocab_size, hidden_size], split by vocabulary across tensor-parallel ranks: each
     rank looks up the ids in its range, zeros the rest, and an all-reduce adds the ranks' rows together.
-    `kernel`, when the model runner sets one, looks rows up in a table of another layout (the LM head's packed
+    `kernel`, when the platform's linear method sets one, looks rows up in a table of another layout (the LM head's packed
     weight, tied)."""
 
     kernel = None
@@ -105,7 +108,7 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """The output projection; with tied embeddings it shares the embedding table's weight. Each rank scores its
     slice of the vocabulary; rank 0 gathers the full logits (the other ranks return None). `kernel`, as a linear
-    layer's, replaces the plain product when the model runner sets one."""
+    layer's, replaces the plain product when the platform's linear method sets one."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
         logits = lm_logits(hidden, self.weight) if self.kernel is None else self.kernel(hidden, self.weight)

@@ -28,6 +28,7 @@ def shard(weight: torch.Tensor, dim: int, rank: int, tp_size: int) -> torch.Tens
     Example: weight = [[0, 1], [2, 3], [4, 5], [6, 7]], dim 0, tp_size 2: rank 0 gets [[0, 1], [2, 3]], rank 1
     [[4, 5], [6, 7]]; with dim 1, rank 1 gets [[1], [3], [5], [7]].
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 10.1: shard a checkpoint tensor — piece `rank` of tp_size equal pieces along dim, as a view
     n = weight.shape[dim] // tp_size
     return weight.narrow(dim, rank * n, n)
@@ -48,6 +49,7 @@ def qkv_shard_range(shard_id: str, num_heads: int, num_kv_heads: int, head_dim: 
     Example: 8 query heads, 2 KV heads, head_dim 4, tp_size 2: q is (0, 16), k is (16, 4), v is (20, 4), so
     each rank's packed weight has 24 rows.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 10.2: QKV shard offsets — per-rank heads of q, then k, then v, packed in one weight
     q, kv = num_heads // tp_size * head_dim, num_kv_heads // tp_size * head_dim
     return {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}[shard_id]
@@ -55,14 +57,21 @@ def qkv_shard_range(shard_id: str, num_heads: int, num_kv_heads: int, head_dim: 
 
 
 def row_parallel_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tp_rank: int, group: TensorParallelGroup | None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    tp_rank: int,
+    group: TensorParallelGroup | None,
+    linear=F.linear,
 ) -> torch.Tensor:
     """The forward pass of a row-parallel linear layer on one rank: a partial y, summed over the ranks.
 
     W, [out, in], is split by input features (columns): this rank holds `weight`, [out, in / tp_size], and `x`
     is the matching slice of the input, [tokens, in / tp_size] (the output of a column-parallel layer, already
     split the same way). x @ weightᵀ is this rank's partial result, [tokens, out]; the ranks' partials add up to
-    the full x_whole @ Wᵀ. Sum them with all_reduce(partial, group) (from minillm.utils.parallel; in place, and
+    the full x_whole @ Wᵀ. Compute it with `linear(x, weight, bias)`: F.linear by default, or the layer's
+    kernel (on a CPU, the packed matmul, whose `weight` is in the packed layout: never use weight.T yourself,
+    and never call F.linear directly). Sum the partials with all_reduce(partial, group) (from minillm.utils.parallel; in place, and
     a no-op for group None). `bias`, [out] or None, is whole on every rank: add it on rank 0 only (tp_rank 0),
     before the all-reduce, or it would be counted tp_size times. Returns [tokens, out], the same on every rank.
     The tests run two and three ranks in one process with a test double for the group that records each
@@ -72,8 +81,9 @@ def row_parallel_linear(
     Example: x_whole = [[1, 2]], W = [[1, 1]], bias [10], 2 ranks: rank 0 has x [[1]], W [[1]] and partial
     1 + 10 = 11; rank 1 has x [[2]], W [[1]] and partial 2; the all-reduce gives [[13]] on both.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 10.3: row-parallel forward — partial product, bias on rank 0 only, then all-reduce
-    return all_reduce(F.linear(x, weight, bias if tp_rank == 0 else None), group)
+    return all_reduce(linear(x, weight, bias if tp_rank == 0 else None), group)
     # END EXERCISE
 
 
@@ -91,8 +101,8 @@ def copy_checked(
 class LinearBase(nn.Module):
     """y = x @ W.T (+ b), with a weight_loader on each parameter. `tp_dim` is the dimension of W that the
     tensor-parallel ranks split (0: output features, 1: input features, None: every rank holds all of W).
-    `kernel`, set by the model runner from its attention backend once the weights are loaded, replaces F.linear
-    (the CPU backend's C++ matmuls); None keeps F.linear."""
+    `kernel`, set by the platform's linear method once the weights are loaded (minillm.layers.linear_method),
+    replaces F.linear: kernel(x, weight, bias) on the weight in the layout it put there. None keeps F.linear."""
 
     kernel = None
 
@@ -133,7 +143,7 @@ class RowParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:  # nothing split, nothing to reduce
             return super().forward(x)
-        return row_parallel_linear(x, self.weight, self.bias, self.tp_rank, self.tp_group)
+        return row_parallel_linear(x, self.weight, self.bias, self.tp_rank, self.tp_group, self.kernel or F.linear)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):

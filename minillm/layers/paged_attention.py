@@ -28,6 +28,7 @@ def slot_mapping_for(block_table: list[int], start: int, end: int, block_size: i
     Example, block_size 4 and block_table [7, 2, 5]: positions 0..9 are in slots
     [28, 29, 30, 31, 8, 9, 10, 11, 20, 21]; positions 6..8 alone give [10, 11, 20].
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 05.1: slot mapping — the flat cache slot of each token position
     return [block_table[pos // block_size] * block_size + pos % block_size for pos in range(start, end)]
     # END EXERCISE
@@ -51,6 +52,7 @@ def store_kvcache(
     Example, block_size 4, slot_mapping [0, 7, 3, -1, 12]: token 0 goes to block 0 offset 0, token 1 to
     block 1 offset 3, token 2 to block 0 offset 3, token 3 nowhere, token 4 to block 3 offset 0.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 04.2: append to the cache — copy each token's key and value into its slot, skipping slot -1
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
@@ -163,6 +165,7 @@ def paged_decode_attention(
     1's four and the first of block 8; the other three slots of block 8 are masked. The tests compare with
     ordinary attention for MHA (4 heads, 4 KV heads) and GQA (8 heads, 2 KV heads), lengths 1, 6 and 9.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 05.2: paged decode attention — gather each sequence's keys/values by its block table, mask past its length
     k, v = gather_kv(k_cache, block_tables), gather_kv(v_cache, block_tables)  # [seqs, max_len, kv_heads, head_dim]
     num_seqs, max_len, kv_heads, head_dim = k.shape

@@ -22,6 +22,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
     Example: x = [3, 4], weight = [1, 2], eps = 0: mean(x²) = 12.5, the RMS is 3.536, out = [0.849, 2.263].
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 03.1: RMSNorm — divide by the root mean square of the last dimension, then scale by weight
     dtype = x.dtype
     x = x.float()
@@ -49,6 +50,7 @@ def add_rms_norm(
     Example: x = [1, 2], residual = [2, 2], weight = [1, 1], eps = 0: the sum is [3, 4]; its RMS is 3.536, so
     the pair is ([0.849, 1.131], [3, 4]).
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 08.1: add + RMSNorm — the new residual x + residual, and its RMSNorm, as one fusible function
     residual = x + residual
     return rms_norm(residual, weight, eps), residual
@@ -63,7 +65,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size))
 
-    kernel = None  # the backend's fused version, kernel(x, residual, weight, eps), set by the model runner
+    kernel = None  # the platform's fused version, kernel(x, residual, weight, eps), set when an engine loads
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if self.kernel is not None and not layers_compiled():

@@ -50,6 +50,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
     Example: head_dim 2, x = [[[1, 0]]], cos = [[0]], sin = [[1]] (a quarter turn): out = [[[0, 1]]].
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 03.2: rotary embedding — rotate each pair (x1[i], x2[i]) of the two halves by the token's angle
     x1, x2 = x.float().chunk(2, dim=-1)
     cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
@@ -65,7 +66,7 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float), rope_inv_freq(head_dim, theta, scaling))
         self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), dim=-1), persistent=False)
 
-    kernel = None  # the backend's version, kernel(positions, q, k, cos_sin_cache), set by the model runner
+    kernel = None  # the platform's version, kernel(positions, q, k, cos_sin_cache), set when an engine loads
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         if self.kernel is not None and not layers_compiled():

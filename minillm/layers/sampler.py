@@ -26,6 +26,7 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     top-p keeps ranks 0 and 1 → [l0, l1, -inf, -inf, -inf]. (On the full distribution, [0, 0.30, 0.55]
     would have kept three: the order matters.)
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 06.1: top-k / top-p — sort each row, drop ranks past k, then tokens past cumulative probability p
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     rank = torch.arange(logits.shape[-1], device=logits.device)

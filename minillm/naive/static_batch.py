@@ -10,9 +10,9 @@ import time
 
 import torch
 
-from minillm.engine.llm_engine import LLMEngine
-from minillm.engine.scheduler import finish_reason
-from minillm.engine.sequence import Sequence, SequenceStatus
+from minillm.engine.llm_engine import LLMEngine, record_token_times
+from minillm.engine.scheduler import Scheduler
+from minillm.engine.sequence import Sequence
 from minillm.sampling_params import SamplingParams
 
 
@@ -41,35 +41,35 @@ def generate_static(
     return seqs
 
 
+class ReservedBlocks:
+    """The block manager a static batch's Scheduler sees: the blocks were reserved up front (BlockManager.reserve)
+    and are freed when the whole batch is done, so the scheduler neither frees a finished request's (its row keeps
+    its seat) nor shares any through the prefix cache."""
+
+    def cache_blocks(self, seq: Sequence, num_tokens: int) -> None:
+        pass
+
+    def deallocate(self, seq: Sequence) -> None:
+        pass
+
+
 @torch.inference_mode()
 def run_batch(engine: LLMEngine, seqs: list[Sequence]) -> None:
-    """Prefill every prompt (in several steps when they exceed the token budget), then decode every row, finished
-    or not, until the last request is done."""
-    while not all(seq.completion_token_ids for seq in seqs):
-        step, budget = [], engine.config.max_num_batched_tokens
+    """Prefill the prompts as the engine's Scheduler does (in several steps when they exceed the token budget), then
+    decode every row, finished or not, until the last request is done; the Scheduler records every step."""
+    scheduler = Scheduler(engine.config, ReservedBlocks(), engine.scheduler.eos_token_ids)
+    scheduler.waiting.extend(seqs)
+    while scheduler.waiting:
+        step = scheduler.schedule_prefill()
+        record_step(scheduler, step, engine.model_runner.run(step, True))
+    while scheduler.running:
         for seq in seqs:
-            left = len(seq) - seq.num_computed_tokens
-            if not seq.completion_token_ids and budget:
-                seq.num_scheduled_tokens = min(left, budget)
-                budget -= seq.num_scheduled_tokens
-                step.append(seq)
-        record_step(engine, step, engine.model_runner.run(step, True))
-    while not all(seq.is_finished for seq in seqs):
-        for seq in seqs:
-            seq.num_computed_tokens, seq.num_scheduled_tokens = len(seq) - 1, 1  # finished rows: wasted work
-        record_step(engine, seqs, engine.model_runner.run(seqs, False))
+            seq.num_scheduled_tokens = 1  # finished rows too: wasted work
+        record_step(scheduler, seqs, engine.model_runner.run(seqs, False))
 
 
-def record_step(engine: LLMEngine, seqs: list[Sequence], tokens: list[int | None]) -> None:
+def record_step(scheduler: Scheduler, seqs: list[Sequence], token_ids: list[int | None]) -> None:
+    """Scheduler.postprocess on the rows not finished before the step (a finished row's token is thrown away)."""
     now = time.perf_counter()
-    for seq, token in zip(seqs, tokens):
-        if seq.is_finished:
-            continue
-        seq.num_computed_tokens += seq.num_scheduled_tokens
-        if token is None:  # a chunk of a prompt longer than the token budget
-            continue
-        seq.token_ids.append(token)
-        seq.first_token_time = seq.first_token_time or now
-        seq.finish_reason = finish_reason(seq, engine.scheduler.eos_token_ids)
-        seq.status = SequenceStatus.FINISHED if seq.finish_reason else SequenceStatus.RUNNING
-        seq.finish_time = now if seq.finish_reason else None
+    rows = [i for i, seq in enumerate(seqs) if not seq.is_finished]
+    record_token_times(scheduler.postprocess([seqs[i] for i in rows], [token_ids[i] for i in rows]), now)

@@ -39,6 +39,7 @@ def mark_token_dims(args: tuple) -> tuple:
 
     Example: args (x [5, 64], weight [64], 1e-6) → x's dimension 0 marked; weight and eps untouched.
     """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 08.2: mark the token dimension — dimension 0 of every tensor with two or more dimensions
     for arg in args:
         if isinstance(arg, torch.Tensor) and arg.dim() >= 2:

@@ -1,8 +1,9 @@
-"""The attention metadata of one forward step, set by whoever prepares the batch and read by every layer.
+"""One forward step's batch as the layers read it: set by the model runner around a forward pass.
 
 A model's forward takes only token ids and positions; how those tokens are grouped into sequences and
 where their keys and values live in the KV cache travels here instead, as in vLLM and nano-vllm. The
-host-side copies (`*_cpu`) let a layer loop over sequences without asking the device.
+tensors are views of the model runner's input buffers (minillm.engine.input_batch builds every Context the
+engine runs); the host-side lists (`*_cpu`) let a layer loop over sequences without asking the device.
 """
 
 from dataclasses import dataclass, field
@@ -13,15 +14,16 @@ import torch
 @dataclass
 class Context:
     is_prefill: bool = False
-    cu_seqlens_q: torch.Tensor | None = None  # [num_seqs + 1] offsets of each sequence's new tokens
-    cu_seqlens_k: torch.Tensor | None = None  # [num_seqs + 1] offsets of each sequence's whole context
+    input_ids: torch.Tensor | None = None  # [num_tokens] the step's new tokens
+    positions: torch.Tensor | None = None  # [num_tokens] their positions in their sequences
     slot_mapping: torch.Tensor | None = None  # [num_tokens] cache slot that each new token's K/V goes to
     context_lens: torch.Tensor | None = None  # [num_seqs] tokens in the cache per sequence (decode)
     block_tables: torch.Tensor | None = None  # [num_seqs, max_blocks] cache blocks per sequence, -1 padded
     logits_indices: torch.Tensor | None = None  # [num_sampled] prefill rows whose hidden state gives a next token
-    cu_seqlens_q_cpu: list[int] = field(default_factory=list)  # cu_seqlens_q and _k as Python ints
-    cu_seqlens_k_cpu: list[int] = field(default_factory=list)
+    cu_seqlens_q_cpu: list[int] = field(default_factory=list)  # [num_seqs + 1] offsets of each sequence's new
+    cu_seqlens_k_cpu: list[int] = field(default_factory=list)  # tokens, and of its whole context (prefill)
     context_lens_cpu: list[int] = field(default_factory=list)
+    attn_layers: list = field(default_factory=list)  # the model's Attention layers, by layer_id (see attention_op)
 
 
 _CONTEXT: Context | None = None

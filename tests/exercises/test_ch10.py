@@ -118,6 +118,28 @@ def test_row_parallel_without_a_group_is_the_plain_layer(impl):
 
 
 @pytest.mark.exercise("10.3")
+def test_row_parallel_multiplies_by_the_layers_own_linear(impl):
+    """A kernel whose weight has another layout (here transposed, as the CPU's packed one differs): the partial
+    must come from `linear`, with the bias on rank 0 only."""
+    torch.manual_seed(0)
+    w, b, x = torch.randn(4, 6), torch.randn(4), torch.randn(3, 6)
+    calls = []
+
+    def transposed_linear(x, weight_t, bias):
+        calls.append(bias is not None)
+        return F.linear(x, weight_t.T, bias)
+
+    total = sum(
+        impl.row_parallel_linear(
+            x[:, r * 3 : (r + 1) * 3], w[:, r * 3 : (r + 1) * 3].T, b, r, RecordingGroup(r, 2), transposed_linear
+        )
+        for r in range(2)
+    )
+    assert calls == [True, False], "call linear once per rank, with the bias on rank 0 only"
+    torch.testing.assert_close(total, F.linear(x, w, b))
+
+
+@pytest.mark.exercise("10.3")
 def test_row_parallel_linear_layer_runs_yours(impl):
     torch.manual_seed(0)
     w, b, x = torch.randn(4, 6), torch.randn(4), torch.randn(3, 6)

@@ -1,0 +1,73 @@
+"""What the device offers, chosen once per engine: the linear method, the attention backend, the layers' native
+kernels, the threads a step runs on, and the defaults for compiling layers and replaying decode steps. vLLM asks
+`current_platform`; here each ModelRunner selects its Platform from its config and hands it to the model's layers
+(`prepare_model`), so nothing in the layers asks what device they are on."""
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from minillm.config import Config
+from minillm.layers.activation import SiluAndMul
+from minillm.layers.attention import Attention
+from minillm.layers.attention.backends import TorchAttentionBackend, select_attention_backend, triton_compiles
+from minillm.layers.cpu_kernels import cpu_kernels, norm_cpu, rotary_cpu, silu_and_mul_cpu
+from minillm.layers.linear_method import PackedLinearMethod, UnquantizedLinearMethod
+from minillm.layers.rms_norm import RMSNorm
+from minillm.layers.rotary import RotaryEmbedding
+
+
+@dataclass
+class Platform:
+    device: torch.device
+    attention_backend: TorchAttentionBackend
+    linear_method: UnquantizedLinearMethod
+    layer_kernels: dict[type, object] = field(default_factory=dict)  # layer class -> its native kernel
+    threads: int | None = None  # torch's intra-op threads while a step runs (None: torch's own)
+    compile_layers: bool = False  # Config.compile_layers's default
+    replays_decode: bool = False  # whether decode steps are replayed per bucket by default (Config.enforce_eager)
+
+    def prepare_model(self, model: nn.Module) -> list[Attention]:
+        """After loading: the linear method's weight layout and kernels, the native kernels of the elementwise
+        layers, and the attention backend of every Attention layer, numbered. Returns those layers in order."""
+        self.linear_method.process_weights_after_loading(model)
+        attn_layers = [m for m in model.modules() if isinstance(m, Attention)]
+        for layer_id, layer in enumerate(attn_layers):
+            layer.backend, layer.layer_id = self.attention_backend, layer_id
+        for layer in model.modules():
+            if type(layer) in self.layer_kernels:
+                layer.kernel = self.layer_kernels[type(layer)]
+        return attn_layers
+
+
+def cpu_threads_per_rank(tp_size: int) -> int:
+    """Ranks of one model sharing a CPU split its cores."""
+    return max(1, (os.cpu_count() or 1) // tp_size)
+
+
+def select_platform(config: Config, dtype: torch.dtype, tp_size: int = 1, local_rank: int = 0) -> Platform:
+    """The platform of an engine's rank: on CUDA one device per rank, the Triton kernels when they compile,
+    compiled layers and CUDA graphs; on a CPU the C++ kernels when they build (packed float32 matmuls, decode
+    attention in place, the elementwise layers), eager steps, and the cores split among the ranks."""
+    device = torch.device(config.device)
+    native = config.native_kernels
+    backend = select_attention_backend(config.attention_backend, device, native)
+    if device.type == "cuda":
+        if tp_size > 1:
+            device = torch.device("cuda", local_rank)
+        kernels = {}
+        if native and triton_compiles():
+            from minillm import kernels as triton_kernels  # only where Triton compiles: it reads TRITON_INTERPRET
+
+            kernels = {RMSNorm: triton_kernels.norm}
+        return Platform(device, backend, UnquantizedLinearMethod(), kernels, compile_layers=True, replays_decode=True)
+    native = native and device.type == "cpu" and cpu_kernels()
+    return Platform(
+        device,
+        backend,
+        PackedLinearMethod() if native and dtype == torch.float32 else UnquantizedLinearMethod(),
+        {RMSNorm: norm_cpu, SiluAndMul: silu_and_mul_cpu, RotaryEmbedding: rotary_cpu} if native else {},
+        threads=cpu_threads_per_rank(tp_size) if tp_size > 1 else None,
+    )

@@ -19,6 +19,7 @@ import torch.multiprocessing as mp
 from checkpoints import make_checkpoint
 
 from minillm import LLM, SamplingParams
+from minillm.layers.cpu_kernels import cpu_kernels
 from minillm.models import build_model
 from minillm.utils.parallel import TensorParallelGroup, divide, get_tp_rank, get_tp_size, tensor_parallel
 
@@ -108,6 +109,9 @@ def test_two_ranks_compute_the_logits_of_one(tmp_path):
 
 
 def test_tp2_gives_the_tokens_of_one_process(tp2, expected):
+    if cpu_kernels():  # each rank's row-parallel shards are packed and multiplied by the C++ kernel too
+        o_proj = tp2.model_runner.model.model.layers[0].self_attn.o_proj
+        assert o_proj.tp_size == 2 and o_proj.kernel is not None and o_proj.weight.dim() == 3
     assert tokens(tp2) == expected["greedy"]
     assert tokens(tp2, sp=SEEDED) == expected["seeded"], "rank 0 samples, with the request's own seed"
     assert tp2.block_manager.num_free_blocks == len(tp2.block_manager.blocks)

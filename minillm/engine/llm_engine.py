@@ -90,6 +90,7 @@ class LLMEngine:
             self.model_runner.num_kvcache_blocks, config.kvcache_block_size, config.enable_prefix_caching
         )
         self.scheduler = Scheduler(config, self.block_manager, eos_token_ids(path, model_config, self.tokenizer))
+        self.failed_seqs: list[Sequence] = []  # the sequences of the last step that raised, rolled back
 
     def add_request(self, prompt: str | list[int], sampling_params: SamplingParams, priority: int = 0) -> Sequence:
         """Tokenize and check a request, then queue it. Raises ValueError naming the problem and the fix."""
@@ -142,7 +143,8 @@ class LLMEngine:
             now = time.perf_counter()
             updated = self.scheduler.postprocess(seqs, token_ids)
         except BaseException as e:
-            self.scheduler.rollback([*self.scheduler.running, *self.scheduler.waiting] if seqs is None else seqs)
+            self.failed_seqs = [*self.scheduler.running, *self.scheduler.waiting] if seqs is None else seqs
+            self.scheduler.rollback(self.failed_seqs)
             if failed := describe_failed(self.workers):
                 self.close(f"tensor-parallel worker {failed}")
                 raise RuntimeError(

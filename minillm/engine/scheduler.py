@@ -35,6 +35,7 @@ class Scheduler:
         self.eos_token_ids = set(eos_token_ids)
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
+        self.num_preemptions = 0  # how many times a running sequence was sent back to be recomputed
 
     def is_finished(self) -> bool:
         return not self.waiting and not self.running
@@ -180,7 +181,12 @@ class Scheduler:
         (self.running if seq.status == SequenceStatus.RUNNING else self.waiting).remove(seq)
 
     def preempt(self, seq: Sequence) -> None:
-        """Free seq's blocks and queue it to be recomputed from its tokens so far."""
+        """Free seq's blocks and queue it to be recomputed from its tokens so far (counted in num_preemptions)."""
+        self.num_preemptions += 1
+        self.requeue(seq)
+
+    def requeue(self, seq: Sequence) -> None:
+        """Free seq's blocks and put it back in waiting, in queue order."""
         self.release(seq)
         seq.status = SequenceStatus.WAITING
         self.add(seq)
@@ -191,10 +197,11 @@ class Scheduler:
         seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
 
     def rollback(self, seqs: list[Sequence]) -> None:
-        """Undo a step that failed: its sequences are preempted. Scheduling made the blocks it was to fill findable
-        by hash (so that requests admitted together share a prefix: every layer stores a step's keys before any
-        attends); freeing them forgets those hashes (`deallocate`), as their contents may never have been written. A
-        sequence the step had already finished is released completely (the fault may have come half-way)."""
+        """Undo a step that failed: its sequences go back to waiting, to be recomputed. Scheduling made the blocks
+        it was to fill findable by hash (so that requests admitted together share a prefix: every layer stores a
+        step's keys before any attends); freeing them forgets those hashes (`deallocate`), as their contents may
+        never have been written. A sequence the step had already finished is released completely (the fault may
+        have come half-way)."""
         for seq in seqs:
             if seq.is_finished:
                 if seq.block_table:
@@ -202,7 +209,7 @@ class Scheduler:
                 if seq in self.running:
                     self.running.remove(seq)
             else:
-                self.preempt(seq)
+                self.requeue(seq)  # not a preemption: nothing chose to evict it
 
     def postprocess(self, seqs: list[Sequence], token_ids: list[int | None]) -> list[Sequence]:
         """Record a step that ran: `seqs` are the sequences it computed and `token_ids[i]` is the token sampled

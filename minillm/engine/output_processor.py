@@ -1,0 +1,104 @@
+"""What AsyncLLM makes of each step for each request: the new text (incrementally detokenized, cut at a stop
+string), and the statistics its metrics are made of (vLLM's OutputProcessor, IterationStats, SchedulerStats)."""
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from minillm.engine.sequence import Sequence
+from minillm.sampling_params import SamplingParams
+from minillm.tokenizer import IncrementalDetokenizer
+
+
+@dataclass
+class DeltaOutput:
+    """What one step added to a request: its new text and token ids; on the last one, why it finished."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None  # "stop" (EOS, a stop token or a stop string) or "length", on the last output
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class IterationStats:
+    """What one engine step did for the requests AsyncLLM serves (vLLM's IterationStats): tokens, preemptions,
+    prefix-cache lookups of the prompts that got their first token, and latencies in seconds."""
+
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    num_preempted_reqs: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # of those, the tokens found there
+    time_to_first_tokens_iter: list[float] = field(default_factory=list)
+    inter_token_latencies_iter: list[float] = field(default_factory=list)
+    e2e_latencies: list[float] = field(default_factory=list)  # of the requests that finished
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """The engine's queues and KV cache after a step (vLLM's SchedulerStats); kv_cache_usage is in [0, 1]."""
+
+    num_running_reqs: int
+    num_waiting_reqs: int
+    kv_cache_usage: float
+
+    @classmethod
+    def of(cls, engine) -> "SchedulerStats":
+        bm = engine.block_manager
+        return cls(
+            len(engine.scheduler.running), len(engine.scheduler.waiting), 1 - bm.num_free_blocks / len(bm.blocks)
+        )
+
+
+def find_stop_string(text: str, stop: tuple[str, ...], start: int) -> int:
+    """Where the earliest of the stop strings begins in text at or after start, or -1."""
+    return min((i for s in stop if (i := text.find(s, start)) != -1), default=-1)
+
+
+class RequestState:
+    """One request of AsyncLLM: where its outputs go (a queue on the caller's event loop), its sequence and
+    detokenizer (touched on the engine thread only), and its timestamps.
+
+    With stop strings, the text is held back by one character less than the longest of them until it cannot be
+    the start of one, so that a stop string split across tokens never reaches the client; once one appears, the
+    text is cut before it and the request finishes with "stop" (vLLM's convention: the stop string is left out)."""
+
+    def __init__(self, prompt: str | list[int], sampling_params: SamplingParams, stop: tuple[str, ...]):
+        self.prompt, self.sampling_params, self.stop = prompt, sampling_params, stop
+        self.hold = max(map(len, stop), default=1) - 1
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.seq: Sequence | None = None
+        self.detokenizer: IncrementalDetokenizer | None = None
+        self.num_sent_chars = 0
+        self.waiting = True  # counted in AsyncLLM's queue until its first token (or its end)
+        self.arrival_time = time.perf_counter()
+        self.last_token_time: float | None = None
+
+    def process(self, seq: Sequence, now: float, stats: IterationStats) -> DeltaOutput:
+        """The output for the token seq got in the step that ended at `now`; adds to stats."""
+        if self.last_token_time is None:
+            stats.time_to_first_tokens_iter.append(now - self.arrival_time)
+            stats.num_prompt_tokens += seq.num_prompt_tokens
+            stats.prefix_cache_queries += seq.num_prompt_tokens
+            stats.prefix_cache_hits += seq.num_prompt_cached_tokens or 0
+        else:
+            stats.inter_token_latencies_iter.append(now - self.last_token_time)
+        self.last_token_time = now
+        stats.num_generation_tokens += 1
+        finish_reason, text = seq.finish_reason, ""
+        if self.detokenizer is not None:
+            searched = len(self.detokenizer.text) - self.hold  # a stop string may begin this far back
+            self.detokenizer.add(seq.last_token)
+            text = self.detokenizer.text
+            if self.stop and (cut := find_stop_string(text, self.stop, max(searched, 0))) != -1:
+                text, finish_reason = text[:cut], "stop"
+            end = len(text) if finish_reason else max(self.num_sent_chars, len(text) - self.hold)
+            text, self.num_sent_chars = text[self.num_sent_chars : end], end
+        if finish_reason:
+            stats.e2e_latencies.append(now - self.arrival_time)
+        return DeltaOutput(text, [seq.last_token], finish_reason)

@@ -1,0 +1,244 @@
+"""python -m minillm.serve: an OpenAI-compatible HTTP server over AsyncLLM (FastAPI + uvicorn), as `vllm serve`.
+
+Routes: /v1/completions, /v1/chat/completions (streamed as server-sent events with "stream": true),
+/v1/models, /tokenize, /detokenize, /health and /metrics (Prometheus, vLLM's metric names). It listens on
+127.0.0.1 (this machine only) unless --host says otherwise; Ctrl-C or SIGTERM stops it cleanly.
+"""
+
+import argparse
+import signal
+import socket
+import sys
+from functools import partial
+
+import jinja2
+import uvicorn
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from minillm.engine.async_llm import AsyncLLM, EngineError
+from minillm.entrypoints.openai.metrics import PrometheusStatLogger
+from minillm.entrypoints.openai.protocol import (
+    ChatCompletionChoice,
+    ChatCompletionMessage,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatMessage,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+    random_id,
+)
+from minillm.entrypoints.openai.serving import (
+    APIError,
+    add_request,
+    collect,
+    stop_strings,
+    streaming_response,
+    to_json,
+    to_sampling_params,
+    usage,
+    with_cancellation,
+)
+from minillm.llm import LLM
+
+
+def build_app(async_llm: AsyncLLM, model_name: str = "default") -> FastAPI:
+    """The app over async_llm, whose engine is an LLM: its tokenizer, chat template and default sampling
+    parameters serve the requests. Requests naming another model get 404. /metrics reads a registry of this
+    app's own."""
+    llm: LLM = async_llm.engine
+    if llm.tokenizer is None:
+        raise ValueError("the server needs the model's tokenizer (the engine has skip_tokenizer_init=True)")
+    metrics = PrometheusStatLogger(model_name)
+    async_llm.stat_loggers.append(metrics)
+    defaults = llm.get_default_sampling_params()
+    app = FastAPI(title="minillm", description=__doc__)
+    app.add_exception_handler(APIError, api_error)
+    app.add_exception_handler(EngineError, api_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name != model_name:
+            raise APIError(404, f"the model {name!r} does not exist: this server serves {model_name!r}", "model")
+
+    def encode_chat(messages: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+        try:
+            return llm.encode_chat([m.as_dict() for m in messages], add_generation_prompt=add_generation_prompt)[0]
+        except (ValueError, jinja2.TemplateError) as e:
+            raise APIError(400, str(e), "messages") from None
+
+    @app.get("/health")
+    async def health():
+        if not async_llm.is_alive():
+            raise APIError(503, f"the engine is not serving: {async_llm.error}")
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        card = ModelCard(id=model_name, root=str(llm.model_path), max_model_len=llm.config.max_model_len)
+        return ModelList(data=[card])
+
+    @app.post("/tokenize")
+    async def tokenize(request: TokenizeRequest) -> TokenizeResponse:
+        check_model(request.model)
+        if (request.prompt is None) == (request.messages is None):
+            raise APIError(400, "give either a prompt (text) or messages (a conversation)", "prompt")
+        if request.messages is not None:
+            tokens = encode_chat(request.messages, request.add_generation_prompt)
+        else:
+            tokens = llm.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+        return TokenizeResponse(count=len(tokens), max_model_len=llm.config.max_model_len, tokens=tokens)
+
+    @app.post("/detokenize")
+    async def detokenize(request: DetokenizeRequest) -> DetokenizeResponse:
+        check_model(request.model)
+        if bad := [t for t in request.tokens if not 0 <= t < llm.vocab_size]:
+            raise APIError(400, f"unknown token ids {bad[:5]}: ids must be in [0, {llm.vocab_size})", "tokens")
+        return DetokenizeResponse(prompt=llm.tokenizer.decode(request.tokens))
+
+    @app.post("/v1/completions")
+    @with_cancellation
+    async def completions(request: CompletionRequest, raw_request: Request):
+        check_model(request.model)
+        params = to_sampling_params(request, defaults)
+        stream = await add_request(async_llm, request.prompt, params, stop_strings(request), "prompt")
+        if request.stream:
+            return streaming_response(stream, partial(completion_chunk, random_id("cmpl"), model_name), request)
+        text, token_ids, finish_reason = await collect(stream)
+        response = CompletionResponse(
+            model=model_name,
+            choices=[CompletionChoice(text=text, finish_reason=finish_reason, token_ids=token_ids)],
+            usage=usage(stream, len(token_ids)),
+            prompt_token_ids=stream.prompt_token_ids,
+        )
+        return Response(to_json(response, request.return_token_ids), media_type="application/json")
+
+    @app.post("/v1/chat/completions")
+    @with_cancellation
+    async def chat_completions(request: ChatCompletionRequest, raw_request: Request):
+        check_model(request.model)
+        params = to_sampling_params(request, defaults)
+        prompt = encode_chat(request.messages)
+        stream = await add_request(async_llm, prompt, params, stop_strings(request), "messages")
+        if request.stream:
+            return streaming_response(stream, partial(chat_chunk, random_id("chatcmpl"), model_name), request)
+        text, token_ids, finish_reason = await collect(stream)
+        message = ChatCompletionMessage(content=text)
+        response = ChatCompletionResponse(
+            model=model_name,
+            choices=[ChatCompletionChoice(message=message, finish_reason=finish_reason, token_ids=token_ids)],
+            usage=usage(stream, len(token_ids)),
+            prompt_token_ids=stream.prompt_token_ids,
+        )
+        return Response(to_json(response, request.return_token_ids), media_type="application/json")
+
+    return app
+
+
+async def api_error(request: Request, exc: APIError | EngineError) -> Response:
+    """An APIError as its answer; an EngineError (a failed step, a closed engine) as a 500."""
+    return (exc if isinstance(exc, APIError) else APIError(500, str(exc))).response()
+
+
+async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+    """pydantic's complaints about a request body as a 400 in OpenAI's format, `param` the first field at fault."""
+    errors = exc.errors()[:5]
+    where = [".".join(str(part) for part in e["loc"][1:]) for e in errors]
+    message = "; ".join(f"{field}: {e['msg']}" if field else e["msg"] for field, e in zip(where, errors))
+    param = next((e["loc"][1] for e in errors if len(e["loc"]) > 1 and isinstance(e["loc"][1], str)), None)
+    return APIError(400, message, param).response()
+
+
+def completion_chunk(response_id: str, model_name: str, out, usage_info, first: bool) -> CompletionResponse:
+    """One event of a streamed completion: the output's new text, or (out None) the usage."""
+    choices = (
+        []
+        if out is None
+        else [CompletionChoice(text=out.text, finish_reason=out.finish_reason, token_ids=out.token_ids)]
+    )
+    return CompletionResponse(id=response_id, model=model_name, choices=choices, usage=usage_info)
+
+
+def chat_chunk(response_id: str, model_name: str, out, usage_info, first: bool) -> ChatCompletionStreamResponse:
+    """One event of a streamed chat completion: the first names the role, as OpenAI's do; out None: the usage."""
+    choices = []
+    if out is not None:
+        delta = ChatCompletionMessage(role="assistant" if first else None, content=out.text)
+        choices = [ChatCompletionStreamChoice(delta=delta, finish_reason=out.finish_reason, token_ids=out.token_ids)]
+    return ChatCompletionStreamResponse(id=response_id, model=model_name, choices=choices, usage=usage_info)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on host:port (port 0: any free one), so the address is known before uvicorn starts."""
+    return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+
+
+def url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m minillm.serve", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="a checkpoint directory or a hub id (as LLM(...)); default: the embedded model")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this machine)"
+    )
+    parser.add_argument("--port", type=int, default=8000, help="default 8000; 0 picks a free one")
+    parser.add_argument(
+        "--max-queue", type=int, default=256, help="requests waiting for their first token beyond which one gets 429"
+    )
+    args = parser.parse_args(argv)
+    if args.max_queue < 1:
+        parser.error(f"--max-queue must be >= 1, got {args.max_queue}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        llm = LLM(args.model)
+    except KeyboardInterrupt:  # Ctrl-C while the model loads
+        return 130
+    except (FileNotFoundError, ValueError) as e:  # no such checkpoint, or one minillm cannot run
+        print(f"python -m minillm.serve: {e}", file=sys.stderr)
+        return 1
+    async_llm = AsyncLLM(llm, max_queue=args.max_queue)
+    model_name = args.model or "default"
+    app = build_app(async_llm, model_name)
+    try:
+        sock = listen(args.host, args.port)
+    except OSError as e:
+        llm.close()
+        print(f"python -m minillm.serve: cannot listen on {args.host}:{args.port}: {e.strerror}", file=sys.stderr)
+        return 1
+    host, port = sock.getsockname()[:2]
+    config = uvicorn.Config(app, host=host, port=port, lifespan="off", timeout_graceful_shutdown=5)
+    print(f"minillm serves {model_name} at {url(sock)} (the OpenAI API under /v1; Ctrl-C stops)", flush=True)
+    # uvicorn handles SIGINT and SIGTERM (finish the requests in flight, 5 s at most), then raises the signal again:
+    # SIGINT as KeyboardInterrupt, SIGTERM as this SystemExit, so that the engine thread and the engine close here
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
+        async_llm.close()
+        llm.close()
+        sock.close()
+    print("minillm server stopped", flush=True)
+    return 0

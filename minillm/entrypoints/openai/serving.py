@@ -1,0 +1,151 @@
+"""What one OpenAI request becomes: SamplingParams, a request on AsyncLLM, and its answer, whole or streamed as
+server-sent events (`data: {json}` and a blank line per chunk, then `data: [DONE]`)."""
+
+import asyncio
+import dataclasses
+import functools
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import Request, Response
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+
+from minillm.engine.async_llm import AsyncLLM, EngineError, QueueFullError, RequestStream
+from minillm.engine.output_processor import DeltaOutput
+from minillm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields, UsageInfo
+from minillm.sampling_params import SamplingParams
+
+ERROR_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop_token_ids", "ignore_eos")
+NO_TOKEN_IDS = {"prompt_token_ids": True, "choices": {"__all__": {"token_ids"}}}
+
+
+class APIError(Exception):
+    """An answer other than 200, in OpenAI's error format; `param` names the request field at fault."""
+
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.param = status, param
+
+    def body(self) -> str:
+        info = ErrorInfo(message=str(self), type=ERROR_TYPES[self.status], param=self.param, code=self.status)
+        return ErrorResponse(error=info).model_dump_json()
+
+    def response(self) -> Response:
+        return Response(self.body(), self.status, media_type="application/json")
+
+
+def to_sampling_params(request: SamplingFields, defaults: SamplingParams) -> SamplingParams:
+    """The request's sampling fields over the model's defaults (LLM.get_default_sampling_params), checked by
+    SamplingParams itself: a bad value answers 400 with its message, naming the field."""
+    if request.n != 1:
+        raise APIError(400, f"n must be 1 (got {request.n}): minillm returns one choice; send n requests", "n")
+    chosen = {name: getattr(request, name) for name in SAMPLING_FIELDS if getattr(request, name) is not None}
+    given = getattr(request, "max_completion_tokens", None) is not None
+    max_tokens_field = "max_completion_tokens" if given else "max_tokens"
+    if getattr(request, max_tokens_field) is not None:
+        chosen["max_tokens"] = getattr(request, max_tokens_field)
+    try:
+        return dataclasses.replace(defaults, **chosen)
+    except ValueError as e:
+        name = next((name for name in chosen if str(e).startswith(name)), None)
+        raise APIError(400, str(e), max_tokens_field if name == "max_tokens" else name) from None
+
+
+def stop_strings(request: SamplingFields) -> list[str]:
+    return [request.stop] if isinstance(request.stop, str) else request.stop or []
+
+
+async def add_request(async_llm: AsyncLLM, prompt, params: SamplingParams, stop, param: str) -> RequestStream:
+    """async_llm.add_request, its refusals as HTTP answers: a full queue 429, a bad prompt 400 naming `param`."""
+    try:
+        return await async_llm.add_request(prompt, params, stop)
+    except QueueFullError as e:
+        raise APIError(429, str(e)) from None
+    except ValueError as e:
+        raise APIError(400, str(e), param) from None
+
+
+def usage(stream: RequestStream, num_tokens: int) -> UsageInfo:
+    prompt_tokens = len(stream.prompt_token_ids)
+    return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=num_tokens, total_tokens=prompt_tokens + num_tokens)
+
+
+def to_json(response: BaseModel, with_token_ids: bool) -> str:
+    return response.model_dump_json(exclude=None if with_token_ids else NO_TOKEN_IDS)
+
+
+async def collect(stream: RequestStream) -> tuple[str, list[int], str | None]:
+    """The whole answer: its text, token ids and finish reason."""
+    text, token_ids, finish_reason = [], [], None
+    async for out in stream:
+        text.append(out.text)
+        token_ids += out.token_ids
+        finish_reason = out.finish_reason
+    return "".join(text), token_ids, finish_reason
+
+
+def streaming_response(
+    stream: RequestStream,
+    chunk: Callable[[DeltaOutput | None, UsageInfo | None, bool], BaseModel],
+    request: SamplingFields,
+) -> StreamingResponse:
+    """The stream as server-sent events: chunk(out, None, first) per output that has text, token ids (when asked)
+    or a finish reason, the first one with the prompt's token ids; chunk(None, usage, False) last if
+    stream_options.include_usage. An engine failure part-way is sent as an error event (the 200 is gone)."""
+    include_usage = request.stream_options is not None and request.stream_options.include_usage
+    return StreamingResponse(
+        events(stream, chunk, request.return_token_ids, include_usage), media_type="text/event-stream"
+    )
+
+
+async def events(stream, chunk, with_token_ids: bool, include_usage: bool) -> AsyncIterator[str]:
+    num_tokens, first = 0, True
+    try:
+        async for out in stream:
+            num_tokens += len(out.token_ids)
+            if out.text or out.finished or with_token_ids:
+                response = chunk(out, None, first)
+                if first:
+                    response.prompt_token_ids, first = stream.prompt_token_ids, False
+                yield f"data: {to_json(response, with_token_ids)}\n\n"
+        if include_usage:
+            yield f"data: {to_json(chunk(None, usage(stream, num_tokens), False), with_token_ids)}\n\n"
+    except EngineError as e:
+        yield f"data: {APIError(500, str(e)).body()}\n\n"
+    finally:
+        stream.abort()  # a client that went away: stop generating for it
+    yield "data: [DONE]\n\n"
+
+
+def with_cancellation(handler):
+    """Run a route handler until it returns or its client disconnects, whichever comes first: cancelled, the
+    handler's request is aborted (vLLM's decorator). The body must be read already (FastAPI parsed it); once a
+    StreamingResponse is returned, Starlette watches for the disconnect itself."""
+
+    @functools.wraps(handler)
+    async def wrapper(request, raw_request: Request):
+        work = asyncio.ensure_future(handler(request, raw_request))
+        gone = asyncio.ensure_future(disconnected(raw_request))
+        try:
+            await asyncio.wait([work, gone], return_when=asyncio.FIRST_COMPLETED)
+        finally:  # also when this wrapper is cancelled (a server shutting down)
+            gone.cancel()
+            if not work.done():
+                work.cancel()
+        if work.cancelled():
+            return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+        return work.result()
+
+    return wrapper
+
+
+async def disconnected(raw_request: Request) -> None:
+    while (await raw_request.receive())["type"] != "http.disconnect":
+        pass

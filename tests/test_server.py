@@ -1,0 +1,348 @@
+"""The OpenAI-compatible server on a real loopback socket, driven by the official openai client and by httpx:
+the text and tokens LLM.generate and LLM.chat give, streamed or whole; stop strings; 400s that name the field;
+429 on a full queue; 500 on a failed step, then service as before; a client that leaves frees its blocks;
+vLLM's metric names; `python -m minillm.serve` stopped by SIGINT or SIGTERM."""
+
+import asyncio
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+from test_async_llm import straddling_stop  # tests/ is on sys.path
+
+from minillm import LLM, SamplingParams, default_model_path
+from minillm.engine.async_llm import AsyncLLM
+from minillm.entrypoints.openai.api_server import build_app, listen, url
+
+PROMPT = "Once upon a time"
+MESSAGES = [{"role": "user", "content": "Tell me about a fox."}]
+# a chat template for the story model (it has none): turns as "role: content" lines, then the answer's cue
+TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+TEMPLATE += "{% if add_generation_prompt %}assistant:{% endif %}"
+GREEDY = SamplingParams(temperature=0, max_tokens=24)
+BLOCKS = 64
+
+
+class Server:
+    """The app in uvicorn on a thread of this process, listening on a free loopback port."""
+
+    def __init__(self, async_llm: AsyncLLM, model_name: str):
+        self.async_llm = async_llm
+        self.sock = listen("127.0.0.1", 0)
+        self.url = url(self.sock)
+        config = uvicorn.Config(build_app(async_llm, model_name), lifespan="off", log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
+        self.thread.start()  # the socket listens already: requests wait in its backlog until uvicorn takes them
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.async_llm.close()
+        assert not self.thread.is_alive()
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    path = tmp_path_factory.mktemp("story-chat") / "model"
+    shutil.copytree(default_model_path(), path)
+    (path / "chat_template.jinja").write_text(TEMPLATE)
+    return LLM(path, num_kvcache_blocks=BLOCKS)
+
+
+@pytest.fixture(scope="module")
+def reference(llm):
+    return llm.generate([PROMPT], GREEDY, use_tqdm=False)[0], llm.chat(MESSAGES, GREEDY, use_tqdm=False)[0]
+
+
+@pytest.fixture(scope="module")
+def server(llm, reference):
+    server = Server(AsyncLLM(llm, max_queue=64), "story")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def post(server, path, body, **kwargs):
+    return httpx.post(server.url + path, json=body, timeout=60, **kwargs)
+
+
+def metrics(server) -> dict[str, float]:
+    text = httpx.get(server.url + "/metrics").text
+    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def engine_state(server):
+    """(free blocks, all blocks, nothing unfinished), read on the engine thread."""
+    return asyncio.run(
+        server.async_llm.run_in_engine(
+            lambda e: (e.block_manager.num_free_blocks, len(e.block_manager.blocks), e.is_finished())
+        )
+    )
+
+
+def wait_until(condition, timeout=30.0):
+    """Poll a condition that another process or thread makes true (a server noticing a dropped client)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_greedy_completion_and_chat_equal_llm_generate_and_chat(client, reference, llm):
+    ref, chat_ref = reference
+    out = client.completions.create(
+        model="story", prompt=PROMPT, max_tokens=24, temperature=0, extra_body={"return_token_ids": True}
+    )
+    choice = out.choices[0]
+    assert (choice.text, choice.token_ids, choice.finish_reason) == (ref.text, ref.token_ids, ref.finish_reason)
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(ref.prompt_token_ids), len(ref.token_ids))
+    assert out.prompt_token_ids == ref.prompt_token_ids
+
+    chat = client.chat.completions.create(model="story", messages=MESSAGES, max_completion_tokens=24, temperature=0)
+    assert chat.choices[0].message.content == chat_ref.text and chat.choices[0].message.role == "assistant"
+    assert chat.usage.prompt_tokens == len(chat_ref.prompt_token_ids)
+    prompt = llm.tokenizer.decode(chat_ref.prompt_token_ids)
+    assert prompt.startswith("user: Tell me about a fox.") and prompt.endswith("assistant:")  # the template
+
+
+def test_streamed_pieces_concatenate_to_the_same_text_with_usage_last(client, reference):
+    ref, chat_ref = reference
+    chunks = list(
+        client.completions.create(
+            model="story",
+            prompt=PROMPT,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    pieces = [c.choices[0].text for c in chunks if c.choices]
+    assert "".join(pieces) == ref.text and len(pieces) > 5
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(ref.token_ids)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == ref.finish_reason
+    assert all(c.usage is None for c in chunks[:-1])
+
+    stream = client.chat.completions.create(model="story", messages=MESSAGES, max_tokens=24, temperature=0, stream=True)
+    deltas = [c.choices[0].delta for c in stream]
+    assert deltas[0].role == "assistant" and "".join(d.content or "" for d in deltas) == chat_ref.text
+
+
+def test_64_concurrent_streams_all_complete(server):
+    async def one(client, i):
+        body = {"prompt": f"{PROMPT} {i}", "max_tokens": 8, "ignore_eos": True, "stream": True}
+        async with client.stream(
+            "POST", "/v1/completions", json={**body, "stream_options": {"include_usage": True}}
+        ) as r:
+            events = [json.loads(line[6:]) async for line in r.aiter_lines() if line.startswith("data: {")]
+        return events[-1]["usage"]["completion_tokens"], sum(len(e["choices"]) for e in events)
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(64)))
+
+    assert all(tokens == 8 and 0 < chunks <= 8 for tokens, chunks in asyncio.run(main()))
+    assert engine_state(server) == (BLOCKS, BLOCKS, True)
+
+
+def test_stop_strings_are_cut_from_the_text(server, reference, llm):
+    ref = reference[0]
+    stop = straddling_stop(llm.tokenizer, ref.token_ids, ref.text)
+    body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "stop": stop}
+    out = post(server, "/v1/completions", body).json()["choices"][0]
+    assert (out["text"], out["finish_reason"]) == (ref.text[: ref.text.index(stop)], "stop")
+    with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as response:
+        events = [line.removeprefix("data: ") for line in response.iter_lines() if line]
+    assert events[-1] == "[DONE]"
+    assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == out["text"]
+
+
+LONG_PROMPT = "Once upon a time " * 200  # about 800 tokens: more than the model's 512 positions
+
+
+@pytest.mark.parametrize(
+    "path, body, param, message",
+    [
+        ("/v1/completions", {"prompt": PROMPT, "temperature": -1}, "temperature", "temperature must be a finite"),
+        ("/v1/completions", {"prompt": PROMPT, "temperature": "hot"}, "temperature", "valid number"),
+        ("/v1/completions", {"prompt": ""}, "prompt", "the prompt is empty"),
+        ("/v1/completions", {"prompt": LONG_PROMPT, "max_tokens": 8}, "prompt", "exceeds max_model_len=512"),
+        ("/v1/completions", {"prompt": [1, 99999]}, "prompt", "unknown token ids [99999]"),
+        ("/v1/completions", {"prompt": PROMPT, "n": 2}, "n", "n must be 1"),
+        ("/v1/completions", {"prompt": PROMPT, "top_p": 0}, "top_p", "top_p must be in (0, 1]"),
+        ("/v1/completions", {"prompt": PROMPT, "max_tokens": 0}, "max_tokens", "max_tokens must be an integer >= 1"),
+        ("/v1/completions", {"prompt": PROMPT, "stop": [""]}, "stop", "at least 1 character"),
+        ("/v1/completions", {"prompt": PROMPT, "logit_bias": {"1": 5}}, "logit_bias", "Extra inputs are not"),
+        ("/v1/completions", {"max_tokens": 8}, "prompt", "Field required"),
+        ("/v1/chat/completions", {"messages": []}, "messages", "the conversation is empty"),
+        ("/v1/chat/completions", {"messages": MESSAGES, "max_completion_tokens": 0}, "max_completion_tokens", ">= 1"),
+        ("/detokenize", {"tokens": [5, -1]}, "tokens", "unknown token ids [-1]"),
+    ],
+)
+def test_bad_requests_answer_400_naming_the_field(server, path, body, param, message):
+    response = post(server, path, body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["param"], error["type"], error["code"]) == (param, "BadRequestError", 400)
+    assert message in error["message"]
+
+
+def test_malformed_json_and_unknown_models_are_refused(server):
+    response = httpx.post(
+        server.url + "/v1/completions", content=b"{nope", headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400 and "JSON" in response.json()["error"]["message"]
+    response = post(server, "/v1/completions", {"model": "gpt-4", "prompt": PROMPT})
+    assert response.status_code == 404 and response.json()["error"]["param"] == "model"
+
+
+@pytest.fixture
+def held_engine(server, monkeypatch):
+    """The engine held at the start of its next step until released; `entered` once a request is in it."""
+    entered, release, step = threading.Event(), threading.Event(), server.async_llm.engine.step
+
+    def held_step():
+        entered.set()
+        release.wait(30)
+        return step()
+
+    monkeypatch.setattr(server.async_llm.engine, "step", held_step)
+    yield entered, release
+    release.set()
+
+
+def test_a_full_queue_answers_429(server, held_engine, monkeypatch):
+    entered, release = held_engine
+    monkeypatch.setattr(server.async_llm, "max_queue", 1)
+    first = {}
+    body = {"prompt": PROMPT, "max_tokens": 8}
+    thread = threading.Thread(target=lambda: first.update(r=post(server, "/v1/completions", body)))
+    thread.start()
+    assert entered.wait(30)  # the first request is in the engine, waiting for its first token
+    response = post(server, "/v1/completions", body)
+    assert response.status_code == 429
+    error = response.json()["error"]
+    assert error["type"] == "RateLimitError" and "max_queue=1" in error["message"]
+    release.set()
+    thread.join(60)
+    assert first["r"].status_code == 200
+
+
+def test_a_failed_step_answers_500_and_the_server_serves_on(server, reference, monkeypatch):
+    runner = server.async_llm.engine.model_runner
+    run, calls = runner.run, []
+
+    def fail_once(*args):
+        calls.append(args)
+        return 1 / 0 if len(calls) == 1 else run(*args)
+
+    monkeypatch.setattr(runner, "run", fail_once)
+    response = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 24, "temperature": 0})
+    assert response.status_code == 500
+    error = response.json()["error"]
+    assert error["type"] == "InternalServerError" and "ZeroDivisionError" in error["message"]
+    assert httpx.get(server.url + "/health").status_code == 200
+    response = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 24, "temperature": 0})
+    assert response.json()["choices"][0]["text"] == reference[0].text
+    assert engine_state(server) == (BLOCKS, BLOCKS, True)
+
+
+def test_a_dropped_stream_is_aborted_and_frees_its_blocks(server):
+    before = metrics(server)["vllm:generation_tokens_total"]
+    body = {"prompt": PROMPT, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: ")  # generating; then the client goes away
+    wait_until(lambda: engine_state(server)[2])  # nothing unfinished: /metrics has recorded that already
+    after = metrics(server)
+    assert after["vllm:num_requests_running"] == after["vllm:kv_cache_usage_perc"] == 0
+    assert after["vllm:generation_tokens_total"] - before < 400  # stopped before its end
+    assert engine_state(server) == (BLOCKS, BLOCKS, True)
+
+
+def test_a_dropped_client_of_a_whole_answer_is_aborted(server, held_engine):
+    entered, release = held_engine
+    before = metrics(server)["vllm:generation_tokens_total"]
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 400, "ignore_eos": True}).encode()
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+    with socket.create_connection(server.sock.getsockname()[:2]) as conn:
+        conn.sendall(head.encode() + b"\r\n\r\n" + body)
+        assert entered.wait(30)  # the request is in the engine
+    release.set()
+    wait_until(lambda: engine_state(server)[2])
+    assert metrics(server)["vllm:generation_tokens_total"] - before < 400
+    assert engine_state(server) == (BLOCKS, BLOCKS, True)
+
+
+def test_metrics_use_vllms_names_and_count_a_request(server):
+    before = metrics(server)
+    for _ in range(2):  # the second time, the prompt's full blocks come from the prefix cache
+        post(server, "/v1/completions", {"prompt": PROMPT * 4, "max_tokens": 10, "temperature": 0, "ignore_eos": True})
+    after = metrics(server)
+    names = ["num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prompt_tokens_total"]
+    names += ["generation_tokens_total", "num_preemptions_total", "prefix_cache_queries_total"]
+    names += ["prefix_cache_hits_total", "time_to_first_token_seconds_count", "inter_token_latency_seconds_count"]
+    names += ["e2e_request_latency_seconds_count"]
+    assert all(f"vllm:{name}" in after for name in names)
+    delta = {name: after[f"vllm:{name}"] - before[f"vllm:{name}"] for name in names}
+    prompt_len = len(server.async_llm.engine.tokenizer.encode(PROMPT * 4))
+    assert delta["prompt_tokens_total"] == delta["prefix_cache_queries_total"] == 2 * prompt_len
+    assert 0 < delta["prefix_cache_hits_total"] <= prompt_len
+    assert delta["generation_tokens_total"] == 20 and delta["inter_token_latency_seconds_count"] == 18
+    assert delta["time_to_first_token_seconds_count"] == delta["e2e_request_latency_seconds_count"] == 2
+    assert after["vllm:num_requests_running"] == after["vllm:kv_cache_usage_perc"] == 0
+
+
+def test_tokenize_detokenize_and_models(server, llm, reference):
+    tokens = post(server, "/tokenize", {"prompt": PROMPT}).json()
+    assert tokens == {
+        "count": len(reference[0].prompt_token_ids),
+        "max_model_len": 512,
+        "tokens": reference[0].prompt_token_ids,
+    }
+    assert post(server, "/detokenize", {"tokens": tokens["tokens"]}).json() == {"prompt": PROMPT}
+    chat_tokens = post(server, "/tokenize", {"messages": MESSAGES}).json()["tokens"]
+    assert chat_tokens == reference[1].prompt_token_ids
+    models = httpx.get(server.url + "/v1/models").json()["data"]
+    assert [(m["id"], m["max_model_len"]) for m in models] == [("story", 512)]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_python_m_minillm_serve_stops_cleanly_on_a_signal(sig):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "minillm.serve", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = process.stdout.readline()
+        assert "minillm serves default at http://127.0.0.1:" in line, line + process.stderr.read()
+        address = line.split("at ")[1].split()[0]
+        port = int(address.rsplit(":", 1)[1])
+        assert httpx.get(address + "/health").status_code == 200
+        text = httpx.post(address + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 4}).json()
+        assert text["usage"]["completion_tokens"] <= 4
+        process.send_signal(sig)
+        assert process.wait(60) == 0, process.stderr.read()
+        assert "minillm server stopped" in process.stdout.read()
+    finally:
+        process.kill()
+    with pytest.raises(ConnectionRefusedError):  # the port is free: nothing listens on it
+        socket.create_connection(("127.0.0.1", port), timeout=5)

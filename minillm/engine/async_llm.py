@@ -13,65 +13,17 @@ import time
 from collections import defaultdict
 
 from minillm.engine.llm_engine import LLMEngine
-from minillm.engine.output_processor import DeltaOutput, IterationStats, RequestState, SchedulerStats
+from minillm.engine.output_processor import (
+    DeltaOutput,
+    EngineError,
+    IterationStats,
+    QueueFullError,
+    RequestState,
+    RequestStream,
+    SchedulerStats,
+)
 from minillm.sampling_params import SamplingParams
 from minillm.tokenizer import IncrementalDetokenizer
-
-
-class QueueFullError(RuntimeError):
-    """max_queue requests are already waiting for their first token (a server answers 429: retry later)."""
-
-
-class EngineError(RuntimeError):
-    """The engine could not serve this request: its step failed (the engine rolled the step back and serves the
-    other requests), or AsyncLLM was closed. A server answers 500."""
-
-
-class RequestStream:
-    """The outputs of one request, as an async iterator of DeltaOutput. Leaving it early (aclose(), abort(), a
-    cancelled consumer task, or dropping it) aborts the request and frees its KV blocks."""
-
-    def __init__(self, async_llm: "AsyncLLM", request: RequestState):
-        self._async_llm, self._request = async_llm, request
-        self.prompt_token_ids: list[int] = []  # set once the engine has accepted the request
-        self.finished = False
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self) -> DeltaOutput:
-        if self.finished:
-            raise StopAsyncIteration
-        try:
-            item = await self._request.queue.get()
-        except BaseException:  # cancelled while waiting
-            self.abort()
-            raise
-        if item is None or self.finished:  # aborted (by another task) while this consumer waited
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            self.finished = True
-            raise item
-        self.finished = item.finished
-        return item
-
-    def abort(self) -> None:
-        """Stop the request if it is unfinished: it yields nothing more (a consumer waiting for it stops too). To
-        be called on the request's event loop."""
-        if not self.finished:
-            self._abort()
-            self._request.queue.put_nowait(None)
-
-    def _abort(self) -> None:
-        if not self.finished:
-            self.finished = True
-            self._async_llm._submit(self._async_llm._finish, self._request, wait=False)
-
-    async def aclose(self) -> None:
-        self.abort()
-
-    def __del__(self):  # dropped unfinished, by whatever thread collects it: nobody waits for it
-        self._abort()
 
 
 class AsyncLLM:

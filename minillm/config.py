@@ -167,6 +167,11 @@ class Config:
     model: str | Path | None = None  # checkpoint directory or hub id; None = the embedded default model
     max_num_seqs: int = 256  # sequences in one batch (vLLM's default)
     max_num_batched_tokens: int = 4096  # tokens in one step; a longer prompt is prefilled in chunks
+    # A step runs every running request's next token and, in what is left of max_num_batched_tokens, prompt chunks
+    # (vLLM V1's scheduler; SGLang's --enable-mixed-chunk), so an arriving prompt slows the running requests' step
+    # instead of stalling them for its whole prefill. False: a step is all prefill (prompts first) or all decode.
+    mixed_steps: bool = True
+    long_prefill_token_threshold: int = 0  # vLLM's name: at most this many tokens of one prompt a step (0: no cap)
     max_model_len: int | None = None  # prompt + generated tokens; default: the model's max_position_embeddings
     kvcache_block_size: int = 16
     num_kvcache_blocks: int | None = None
@@ -217,6 +222,10 @@ class Config:
             raise ValueError(f"kvcache_block_size must be a power of two (16 is usual), got {self.kvcache_block_size}")
         if self.num_kvcache_blocks is not None and not self.num_kvcache_blocks >= 1:
             raise ValueError(f"num_kvcache_blocks must be >= 1, got {self.num_kvcache_blocks!r}")
+        if not (isinstance(self.long_prefill_token_threshold, int) and self.long_prefill_token_threshold >= 0):
+            raise ValueError(
+                f"long_prefill_token_threshold must be an integer >= 0 (0: no cap), got {self.long_prefill_token_threshold!r}"
+            )
         if not (isinstance(self.new_token_ratio, (int, float)) and 0 <= self.new_token_ratio <= 1):
             raise ValueError(f"new_token_ratio must be a number in [0, 1], got {self.new_token_ratio!r}")
         if self.dtype not in ("auto", *DTYPES):

@@ -47,11 +47,12 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
 class Scheduler(minillm.engine.scheduler.Scheduler):
     """Your methods of minillm.engine.scheduler.Scheduler; it supplies everything else."""
 
-    def schedule_prefill(self) -> list[Sequence]:
-        """The sequences admitted for a prefill step, in order, each with `num_scheduled_tokens` set ([] if none).
+    def schedule_prefill(self, budget: int) -> list[Sequence]:
+        """The waiting sequences this step prefills, in order, each with `num_scheduled_tokens` set ([] if none),
+        in at most `budget` tokens (what the step's decode tokens left of max_num_batched_tokens).
 
         Loop while `self.waiting` is not empty, fewer than `self.max_num_seqs` sequences are in `self.running`
-        (a free seat), and token budget is left (it starts at `self.max_num_batched_tokens` each step). Always
+        (a free seat), and `budget` is above 0. Always
         look at the head, `seq = self.waiting[0]`; never skip it, so nobody overtakes a request that waits.
         1. If `seq.block_table` is empty (new, or preempted), it needs blocks: stop the loop if
            `self.can_admit(seq)` is False (the cache is full, or would be once the running sequences grow: it
@@ -59,7 +60,8 @@ class Scheduler(minillm.engine.scheduler.Scheduler):
            the prefix-cache hit) and start `seq.num_computed_tokens` there, but at most `len(seq) - 1`: the
            last token is always computed, as its logits give the next token. A head that already has a
            block_table is a long prompt part-way through its chunks: do not allocate it again.
-        2. Schedule `seq.num_scheduled_tokens = min(len(seq) - seq.num_computed_tokens, budget)` and take
+        2. Schedule `seq.num_scheduled_tokens = min(len(seq) - seq.num_computed_tokens, budget)`, and at most
+           `self.long_prefill_token_threshold` if that is above 0 (a cap that keeps every step short), and take
            them off the budget. Make the blocks this step fills findable by their hash:
            `self.block_manager.cache_blocks(seq, seq.num_computed_tokens + seq.num_scheduled_tokens)`.
         3. Add seq to the returned list. If the step does not reach its end (`seq.samples_this_step` is
@@ -71,13 +73,14 @@ class Scheduler(minillm.engine.scheduler.Scheduler):
         Examples (blocks of 4 tokens, new_token_ratio 0, where can_admit asks only that the prompt fit): with
         max_num_seqs=2 and prompts of 10, 11 and 12 tokens, one step admits the first two (both RUNNING, each
         with a block_table) and the third stays in waiting. With a budget of 8, a 20-token prompt is scheduled
-        as 8, 8 and 4 over three steps (only the last samples). With 3 free blocks, prompts of 8 and 8 tokens:
+        as 8, 8 and 4 over three steps (only the last samples); with a budget of 100 and a threshold of 8, the
+        same. With 3 free blocks, prompts of 8 and 8 tokens:
         the first takes 2 blocks and runs; the second cannot be allocated, so the step returns only the first
         and the second waits with an empty block_table.
         """
         # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
         # BEGIN EXERCISE 06.2: prefill selection — admit waiting sequences under the sequence, token and block budgets
-        scheduled, budget = [], self.max_num_batched_tokens
+        scheduled, cap = [], self.long_prefill_token_threshold
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             seq = self.waiting[0]
             if not seq.block_table:
@@ -85,7 +88,7 @@ class Scheduler(minillm.engine.scheduler.Scheduler):
                     break
                 self.block_manager.allocate(seq)
                 seq.num_computed_tokens = min(seq.num_cached_tokens, len(seq) - 1)  # always compute one token
-            seq.num_scheduled_tokens = min(len(seq) - seq.num_computed_tokens, budget)
+            seq.num_scheduled_tokens = min(len(seq) - seq.num_computed_tokens, budget, cap or budget)
             budget -= seq.num_scheduled_tokens
             self.block_manager.cache_blocks(seq, seq.num_computed_tokens + seq.num_scheduled_tokens)
             scheduled.append(seq)

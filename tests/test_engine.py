@@ -15,6 +15,9 @@ SETTINGS = {
     "chunked-prefill": dict(max_num_batched_tokens=20),
     "preemption": dict(num_kvcache_blocks=24, kvcache_block_size=4),
     "no-prefix-cache": dict(enable_prefix_caching=False),
+    # later prompts join while others decode (3 seats), in chunks of at most 5 tokens
+    "mixed-steps": dict(max_num_seqs=3, max_num_batched_tokens=12, long_prefill_token_threshold=5),
+    "separate-steps": dict(mixed_steps=False, max_num_batched_tokens=20),
 }
 
 
@@ -43,15 +46,21 @@ def reference(tmp_path_factory):
 @pytest.fixture
 def counters(monkeypatch):
     """Counts of what the scheduler did, to prove each setting exercised its path."""
-    counts = {"preempt": 0, "chunks": 0, "cached_tokens": 0}
-    preempt, prefill = Scheduler.preempt, Scheduler.schedule_prefill
+    counts = {"preempt": 0, "chunks": 0, "cached_tokens": 0, "mixed": 0}
+    preempt, prefill, schedule = Scheduler.preempt, Scheduler.schedule_prefill, Scheduler.schedule
+
+    def count_mixed(self):
+        seqs, is_prefill = schedule(self)
+        decodes = [s for s in seqs if s.num_scheduled_tokens == 1 and s.num_completion_tokens]
+        counts["mixed"] += bool(decodes) and any(s.num_scheduled_tokens > 1 for s in seqs)
+        return seqs, is_prefill
 
     def count_preempt(self, seq):
         counts["preempt"] += 1
         preempt(self, seq)
 
-    def count_prefill(self):
-        seqs = prefill(self)
+    def count_prefill(self, budget):
+        seqs = prefill(self, budget)
         counts["chunks"] += sum(not s.samples_this_step for s in seqs)
         counts["cached_tokens"] += sum(
             s.num_cached_tokens for s in seqs if s.num_computed_tokens == min(s.num_cached_tokens, len(s) - 1)
@@ -60,6 +69,7 @@ def counters(monkeypatch):
 
     monkeypatch.setattr(Scheduler, "preempt", count_preempt)
     monkeypatch.setattr(Scheduler, "schedule_prefill", count_prefill)
+    monkeypatch.setattr(Scheduler, "schedule", count_mixed)
     return counts
 
 
@@ -81,11 +91,19 @@ def test_batched_greedy_equals_naive_one_at_a_time(reference, name, setting, cou
 
 def assert_exercised(setting, counters):
     """Each setting really took its path: chunks, preemptions, prefix-cache hits (or none without the cache)."""
-    expected = {"chunked-prefill": "chunks", "preemption": "preempt", "default": "cached_tokens"}.get(setting)
+    expected = {
+        "chunked-prefill": "chunks",
+        "separate-steps": "chunks",
+        "preemption": "preempt",
+        "default": "cached_tokens",
+        "mixed-steps": "mixed",
+    }.get(setting)
     if expected:
         assert counters[expected] > 0
     if setting == "no-prefix-cache":
         assert counters["cached_tokens"] == 0
+    if setting == "separate-steps":
+        assert counters["mixed"] == 0
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

@@ -12,10 +12,12 @@ import torch  # noqa: E402
 
 from minillm import LLM, SamplingParams, kernels  # noqa: E402
 from minillm.config import Config  # noqa: E402
+from minillm.engine import input_batch  # noqa: E402
 from minillm.engine.graphs import PAD_SLOT_ID  # noqa: E402
 from minillm.kernels import common  # noqa: E402
 from minillm.layers import paged_attention as ref  # noqa: E402
 from minillm.layers.attention.backends import select_attention_backend  # noqa: E402
+from minillm.layers.cpu_kernels import cpu_kernels  # noqa: E402
 from minillm.layers.linear_method import UnquantizedLinearMethod  # noqa: E402
 from minillm.layers.rms_norm import RMSNorm, add_rms_norm, rms_norm  # noqa: E402
 from minillm.platforms import select_platform  # noqa: E402
@@ -172,3 +174,31 @@ def test_engine_on_the_triton_backend_gives_the_torch_backends_tokens():
         assert llm.model_runner.platform.attention_backend.name == backend
         runs[backend] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert runs["triton"] == runs["torch"] and [len(t) for t in runs["torch"]] == [6, 4]
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu", "triton"])
+def test_mixed_steps_give_the_tokens_of_separate_steps(backend, monkeypatch):
+    """Prompts join while others decode (2 seats, prompt chunks of at most 6 tokens): steps whose first rows decode
+    and whose other rows prefill (attention runs the two parts apart) give the tokens separate steps give."""
+    if backend == "cpu" and not cpu_kernels():
+        pytest.skip("the CPU kernels could not be built here")
+    mixed_steps = []
+    split = input_batch.split_mixed
+    monkeypatch.setattr(input_batch, "split_mixed", lambda ctx: mixed_steps.append(ctx.num_decodes) or split(ctx))
+    prompts = ["Once upon a time", "The little fox found a", "One day, a girl named Lily went to the park"]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    runs = {}
+    for mixed in (True, False):
+        llm = LLM(
+            attention_backend=backend,
+            device=DEVICE,
+            kvcache_block_size=4,
+            num_kvcache_blocks=64,
+            max_num_seqs=2,
+            long_prefill_token_threshold=6,
+            mixed_steps=mixed,
+        )
+        runs[mixed] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert llm.block_manager.num_free_blocks == 64
+    assert runs[True] == runs[False] and [len(t) for t in runs[True]] == [6, 6, 6]
+    assert mixed_steps and max(mixed_steps) == 2  # both seats decoded beside a chunk

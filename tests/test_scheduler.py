@@ -41,8 +41,24 @@ def test_a_long_prompt_is_prefilled_in_chunks():
     assert chunks == [8, 8, 4] and seq.status == SequenceStatus.RUNNING
 
 
-def test_prefill_comes_before_decode():
-    s = scheduler()
+def test_a_mixed_step_decodes_the_running_then_prefills_in_what_is_left():
+    s = scheduler(max_num_batched_tokens=6)
+    first = Sequence([1, 2, 3])
+    s.add(first)
+    run_step(s)
+    second = Sequence([4, 5, 6, 7, 8, 9])
+    s.add(second)
+    seqs, is_prefill = run_step(s)  # first's token, then 5 of second's 6 (the budget left)
+    assert is_prefill and seqs == [first, second] and [x.num_scheduled_tokens for x in seqs] == [1, 5]
+    assert first.num_completion_tokens == 2 and second.num_completion_tokens == 0
+    seqs, is_prefill = run_step(s)  # first's token and second's last prompt token
+    assert is_prefill and [x.num_scheduled_tokens for x in seqs] == [1, 1] and second.num_completion_tokens == 1
+    seqs, is_prefill = run_step(s)
+    assert not is_prefill and seqs == [first, second]
+
+
+def test_without_mixed_steps_prefill_comes_before_decode():
+    s = scheduler(mixed_steps=False)
     s.add(Sequence([1, 2, 3]))
     run_step(s)
     s.add(Sequence([4, 5]))
@@ -50,6 +66,44 @@ def test_prefill_comes_before_decode():
     assert is_prefill and [len(x) for x in seqs] == [3]
     seqs, is_prefill = run_step(s)
     assert not is_prefill and len(seqs) == 2
+
+
+@pytest.mark.parametrize("mixed", [True, False])
+def test_running_requests_get_a_token_every_step_only_with_mixed_steps(mixed):
+    """The stall of chapter 06: a long prompt arrives while requests decode. Mixed, each step gives every
+    running request a token; separate, the prompt's chunks are steps without one."""
+    s = scheduler(num_blocks=64, max_num_batched_tokens=16, mixed_steps=mixed)
+    running = [Sequence([i + 1] * 4, SamplingParams(max_tokens=30)) for i in range(4)]
+    for seq in running:
+        s.add(seq)
+    run_step(s)
+    s.add(Sequence([9] * 100))
+    steps_without_token = 0
+    for _ in range(10):
+        before = [seq.num_completion_tokens for seq in running]
+        run_step(s)
+        steps_without_token += all(seq.num_completion_tokens == n for seq, n in zip(running, before))
+    assert steps_without_token == (0 if mixed else 7)  # 100 tokens in chunks of 16: 6 full chunks, the 7th at 4
+
+
+def test_long_prefill_token_threshold_caps_a_prompts_chunk():
+    s = scheduler(num_blocks=16, max_num_batched_tokens=100, long_prefill_token_threshold=8)
+    seq = Sequence(list(range(1, 21)))
+    s.add(seq)
+    chunks = []
+    while seq.num_completion_tokens == 0:
+        run_step(s)
+        chunks.append(seq.num_scheduled_tokens)
+    assert chunks == [8, 8, 4]
+
+
+def test_a_step_that_preempts_admits_no_one():
+    s = scheduler(num_blocks=3, block_size=2)
+    old, new = Sequence([1, 2]), Sequence([3, 4])
+    s.add(old), s.add(new)
+    run_step(s)  # one block each, a sampled token each
+    seqs, is_prefill = run_step(s)  # old takes the last block, new is preempted and is not readmitted at once
+    assert seqs == [old] and not is_prefill and s.waiting[0] is new
 
 
 def test_preemption_takes_the_lowest_priority_and_requeues_it():
@@ -131,7 +185,7 @@ def test_a_block_is_findable_by_hash_only_once_a_step_wrote_it(monkeypatch, free
     free list hands blocks out in (oldest first hands that very block to `high` at once, which hid the fault)."""
     if free_order == "newest first":
         monkeypatch.setattr(FreeBlockQueue, "oldest", lambda self: next(reversed(self._ids)))
-    s = scheduler(num_blocks=4, block_size=4, scheduling_policy="priority")
+    s = scheduler(num_blocks=4, block_size=4, scheduling_policy="priority", mixed_steps=False)  # one kind a step
     bm = s.block_manager
     low = Sequence([1, 2, 3, 4, 5, 6, 7], priority=0)
     high = Sequence([9, 8, 7, 6, 5, 4, 3, 2], SamplingParams(max_tokens=2), priority=1)

@@ -232,11 +232,13 @@ HINTS: dict[str, tuple[str, str, str]] = {
     ),
     "06.2": (
         "Admit sequences from the front of `self.waiting`, in order, while there is a seat "
-        "(`self.max_num_seqs` running) and token budget left (`self.max_num_batched_tokens` per step). Stop at "
+        "(`self.max_num_seqs` running) and token budget left (the `budget` argument: what this step's decode "
+        "tokens left of max_num_batched_tokens). Stop at "
         "the first one whose blocks do not fit, so nobody overtakes it; return the scheduled sequences.",
         "A sequence without blocks is allocated only if `self.can_admit(seq)`; then its "
         "num_computed_tokens starts at num_cached_tokens, capped at len(seq) − 1. Schedule min(tokens left, "
-        "budget) as num_scheduled_tokens, take them off the budget, and call "
+        "budget), and no more than `self.long_prefill_token_threshold` when it is above 0, as "
+        "num_scheduled_tokens, take them off the budget, and call "
         "`self.block_manager.cache_blocks(seq, computed + scheduled)`.",
         "Only a sequence whose prompt finishes this step (`seq.samples_this_step`) leaves waiting, becomes "
         "SequenceStatus.RUNNING and joins `self.running`; a chunked one keeps its blocks, stays at the head and "

@@ -25,7 +25,8 @@ class StepInputs:
     cu_seqlens_q: list[int] | None = None  # prefill
     cu_seqlens_k: list[int] | None = None
     logits_indices: list[int] | None = None
-    context_lens: list[int] | None = None  # decode
+    context_lens: list[int] | None = None  # decode, and the decode rows of a mixed step
+    num_decodes: int = 0  # a prefill whose first rows are this many sequences of one new token (a mixed step)
 
 
 class InputBuffers:
@@ -54,12 +55,14 @@ class InputBuffers:
         )
         if s.block_tables is not None:
             ctx.block_tables = self.load_block_tables(s.block_tables, bucket)
+        if s.context_lens is not None:
+            ctx.context_lens, ctx.context_lens_cpu = fill(self.context_lens, s.context_lens), s.context_lens
         if s.is_prefill:
             ctx.cu_seqlens_q_cpu, ctx.cu_seqlens_k_cpu = s.cu_seqlens_q, s.cu_seqlens_k
             ctx.logits_indices = fill(self.logits_indices, s.logits_indices)
-        else:
-            ctx.context_lens = fill(self.context_lens, s.context_lens)
-            ctx.context_lens_cpu = s.context_lens
+        if s.num_decodes:
+            ctx.num_decodes = s.num_decodes
+            ctx.decode_rows, ctx.prefill_rows = split_mixed(ctx)
         return ctx
 
     def load_block_tables(self, tables: list[list[int]], bucket: int | None) -> torch.Tensor:
@@ -71,6 +74,29 @@ class InputBuffers:
             torch.from_numpy(np.fromiter(rows, np.int64, len(tables) * width)).view(len(tables), width)
         )
         return self.block_tables[:bucket] if bucket is not None else self.block_tables[: len(tables), :width]
+
+
+def split_mixed(ctx: Context) -> tuple[Context, Context]:
+    """A mixed step's two parts over the same buffers: its first num_decodes rows (one new token each, whose keys
+    and values before it are in the cache) as a decode step, and the prompt chunks after them as a prefill."""
+    n, cu_q, cu_k = ctx.num_decodes, ctx.cu_seqlens_q_cpu, ctx.cu_seqlens_k_cpu
+    decode = Context(
+        slot_mapping=ctx.slot_mapping[:n],
+        block_tables=ctx.block_tables[:n],
+        context_lens=ctx.context_lens,
+        context_lens_cpu=ctx.context_lens_cpu,
+        attn_layers=ctx.attn_layers,
+    )
+    cu_q, cu_k = [c - cu_q[n] for c in cu_q[n:]], [c - cu_k[n] for c in cu_k[n:]]
+    prefill = Context(
+        is_prefill=True,
+        slot_mapping=ctx.slot_mapping[n:],
+        block_tables=ctx.block_tables[n:] if cu_k[-1] > cu_q[-1] else None,  # as prepare_prefill decides
+        cu_seqlens_q_cpu=cu_q,
+        cu_seqlens_k_cpu=cu_k,
+        attn_layers=ctx.attn_layers,
+    )
+    return decode, prefill
 
 
 def fill_rows(buffer: torch.Tensor, values: list[int], rows: int | None = None) -> torch.Tensor:

@@ -153,7 +153,9 @@ class ModelRunner:
 
     def prepare_prefill(self, seqs: list[Sequence]) -> StepInputs:
         """Pack each sequence's scheduled tokens end to end: cu_seqlens, slot_mapping (and block_tables when some
-        keys come from the cache)."""
+        keys come from the cache). The leading sequences of one new token (the decode tokens of a mixed step)
+        are counted, with their context lengths, so that attention runs them as a decode."""
+        num_decodes = next((i for i, seq in enumerate(seqs) if seq.num_scheduled_tokens != 1), len(seqs))
         input_ids, positions, slot_mapping, cu_q, cu_k, logits_indices = [], [], [], [0], [0], []
         for seq in seqs:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_scheduled_tokens
@@ -166,8 +168,20 @@ class ModelRunner:
             slots = slot_mapping_for(seq.block_table, start, end, self.block_size)
             # a fully cached prompt recomputes its last token; its K/V are in a shared block already
             slot_mapping += [-1 if pos < seq.num_cached_tokens else s for pos, s in zip(range(start, end), slots)]
-        block_tables = [seq.block_table for seq in seqs] if cu_k[-1] > cu_q[-1] else None
-        return StepInputs(True, input_ids, positions, slot_mapping, block_tables, cu_q, cu_k, logits_indices)
+        block_tables = [seq.block_table for seq in seqs] if num_decodes or cu_k[-1] > cu_q[-1] else None
+        context_lens = [b - a for a, b in zip(cu_k, cu_k[1 : num_decodes + 1])] if num_decodes else None
+        return StepInputs(
+            True,
+            input_ids,
+            positions,
+            slot_mapping,
+            block_tables,
+            cu_q,
+            cu_k,
+            logits_indices,
+            context_lens,
+            num_decodes,
+        )
 
     def prepare_decode(self, seqs: list[Sequence]) -> StepInputs:
         """One token per sequence, its newest, at position len - 1."""
@@ -217,8 +231,10 @@ class ModelRunner:
 
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int | None]:
         """One step; a token for each sequence that reached its end, None for a prefill chunk that did not.
-        A decode batch runs ordered by length (similar contexts side by side, see CPUAttentionBackend)."""
-        batch = seqs if is_prefill else sorted(seqs, key=len)
+        Sequences of one new token run first, ordered by length (similar contexts side by side, see
+        CPUAttentionBackend), then the prompt chunks of a prefill or mixed step in the order scheduled."""
+        batch = sorted((seq for seq in seqs if seq.num_scheduled_tokens == 1), key=len)
+        batch += [seq for seq in seqs if seq.num_scheduled_tokens != 1]
         inputs = (self.prepare_prefill if is_prefill else self.prepare_decode)(batch)
         if self.group:
             self.group.send_step(inputs)  # the other ranks run the same step on their shards

@@ -1,8 +1,10 @@
 """Scheduler: which sequences run in the next step, and what happens to them after it.
 
-Prefill first: waiting sequences are admitted while the batch has room (max_num_seqs sequences,
-max_num_batched_tokens tokens) and the KV cache has blocks; a prompt longer than the token budget is
-prefilled in chunks over several steps. With nothing to prefill, every running sequence decodes one token.
+A step is mixed, as in vLLM V1: every running sequence decodes one token, and in what is left of the token budget
+(max_num_batched_tokens) waiting sequences are admitted while the batch has a seat (max_num_seqs) and the KV
+cache has blocks; a prompt longer than what is left is prefilled in chunks over several steps (each at most
+long_prefill_token_threshold tokens, if set), so an arriving prompt never stalls the running ones. With
+mixed_steps=False a step is all prefill (prompts first) or all decode.
 A new request is admitted only while the cache keeps room for part of its own and the running ones'
 growth (new_token_ratio); when it runs out anyway during decode, a sequence is preempted: its blocks are
 freed and it waits to be recomputed (its prefix blocks often survive in the prefix cache). A step that fails is rolled back: the
@@ -29,6 +31,8 @@ class Scheduler:
     def __init__(self, config: Config, block_manager: BlockManager, eos_token_ids: list[int]):
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.mixed_steps = config.mixed_steps
+        self.long_prefill_token_threshold = config.long_prefill_token_threshold
         self.policy = config.scheduling_policy
         self.new_token_ratio = config.new_token_ratio
         self.block_manager = block_manager
@@ -52,16 +56,24 @@ class Scheduler:
         self.waiting.insert(pos, seq)
 
     def schedule(self) -> tuple[list[Sequence], bool]:
-        """The sequences of the next step, each with num_scheduled_tokens set, and whether it is a prefill."""
+        """The sequences of the next step, each with num_scheduled_tokens set, and whether it prefills (a
+        prefill or a mixed step: decode tokens first, then prompt chunks) or only decodes."""
         if self.policy == "priority":
             self.preempt_for_priority()
-        scheduled = self.schedule_prefill()
-        if scheduled:
-            for seq in scheduled:  # what the output reports: the prompt's cache hits at its first admission
-                if seq.num_prompt_cached_tokens is None:
-                    seq.num_prompt_cached_tokens = seq.num_cached_tokens
-            return scheduled, True
-        return self.schedule_decode(), False
+        if self.mixed_steps:
+            preemptions = self.num_preemptions
+            decodes = self.schedule_decode()
+            # as vLLM: a step that had to preempt admits no one (the victim would be readmitted at once)
+            budget = self.max_num_batched_tokens - len(decodes) if self.num_preemptions == preemptions else 0
+            prefills = self.schedule_prefill(budget)
+        else:
+            decodes, prefills = [], self.schedule_prefill(self.max_num_batched_tokens)
+            if not prefills:
+                decodes = self.schedule_decode()
+        for seq in prefills:  # what the output reports: the prompt's cache hits at its first admission
+            if seq.num_prompt_cached_tokens is None:
+                seq.num_prompt_cached_tokens = seq.num_cached_tokens
+        return decodes + prefills, bool(prefills)
 
     def preempt_for_priority(self) -> None:
         """Under the priority policy, a waiting request that cannot be admitted (no seat or no blocks) preempts
@@ -83,11 +95,12 @@ class Scheduler:
         )
         return bm.num_free_blocks >= bm.num_blocks(len(seq) + int(ratio * seq.remaining_tokens)) + growth
 
-    def schedule_prefill(self) -> list[Sequence]:
-        """The sequences admitted for a prefill step, in order, each with `num_scheduled_tokens` set ([] if none).
+    def schedule_prefill(self, budget: int) -> list[Sequence]:
+        """The waiting sequences this step prefills, in order, each with `num_scheduled_tokens` set ([] if none),
+        in at most `budget` tokens (what the step's decode tokens left of max_num_batched_tokens).
 
         Loop while `self.waiting` is not empty, fewer than `self.max_num_seqs` sequences are in `self.running`
-        (a free seat), and token budget is left (it starts at `self.max_num_batched_tokens` each step). Always
+        (a free seat), and `budget` is above 0. Always
         look at the head, `seq = self.waiting[0]`; never skip it, so nobody overtakes a request that waits.
         1. If `seq.block_table` is empty (new, or preempted), it needs blocks: stop the loop if
            `self.can_admit(seq)` is False (the cache is full, or would be once the running sequences grow: it
@@ -95,7 +108,8 @@ class Scheduler:
            the prefix-cache hit) and start `seq.num_computed_tokens` there, but at most `len(seq) - 1`: the
            last token is always computed, as its logits give the next token. A head that already has a
            block_table is a long prompt part-way through its chunks: do not allocate it again.
-        2. Schedule `seq.num_scheduled_tokens = min(len(seq) - seq.num_computed_tokens, budget)` and take
+        2. Schedule `seq.num_scheduled_tokens = min(len(seq) - seq.num_computed_tokens, budget)`, and at most
+           `self.long_prefill_token_threshold` if that is above 0 (a cap that keeps every step short), and take
            them off the budget. Make the blocks this step fills findable by their hash:
            `self.block_manager.cache_blocks(seq, seq.num_computed_tokens + seq.num_scheduled_tokens)`.
         3. Add seq to the returned list. If the step does not reach its end (`seq.samples_this_step` is
@@ -107,13 +121,14 @@ class Scheduler:
         Examples (blocks of 4 tokens, new_token_ratio 0, where can_admit asks only that the prompt fit): with
         max_num_seqs=2 and prompts of 10, 11 and 12 tokens, one step admits the first two (both RUNNING, each
         with a block_table) and the third stays in waiting. With a budget of 8, a 20-token prompt is scheduled
-        as 8, 8 and 4 over three steps (only the last samples). With 3 free blocks, prompts of 8 and 8 tokens:
+        as 8, 8 and 4 over three steps (only the last samples); with a budget of 100 and a threshold of 8, the
+        same. With 3 free blocks, prompts of 8 and 8 tokens:
         the first takes 2 blocks and runs; the second cannot be allocated, so the step returns only the first
         and the second waits with an empty block_table.
         """
         # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
         # BEGIN EXERCISE 06.2: prefill selection — admit waiting sequences under the sequence, token and block budgets
-        scheduled, budget = [], self.max_num_batched_tokens
+        scheduled, cap = [], self.long_prefill_token_threshold
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             seq = self.waiting[0]
             if not seq.block_table:
@@ -121,7 +136,7 @@ class Scheduler:
                     break
                 self.block_manager.allocate(seq)
                 seq.num_computed_tokens = min(seq.num_cached_tokens, len(seq) - 1)  # always compute one token
-            seq.num_scheduled_tokens = min(len(seq) - seq.num_computed_tokens, budget)
+            seq.num_scheduled_tokens = min(len(seq) - seq.num_computed_tokens, budget, cap or budget)
             budget -= seq.num_scheduled_tokens
             self.block_manager.cache_blocks(seq, seq.num_computed_tokens + seq.num_scheduled_tokens)
             scheduled.append(seq)

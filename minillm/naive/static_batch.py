@@ -60,7 +60,7 @@ def run_batch(engine: LLMEngine, seqs: list[Sequence]) -> None:
     scheduler = Scheduler(engine.config, ReservedBlocks(), engine.scheduler.eos_token_ids)
     scheduler.waiting.extend(seqs)
     while scheduler.waiting:
-        step = scheduler.schedule_prefill()
+        step = scheduler.schedule_prefill(scheduler.max_num_batched_tokens)
         record_step(scheduler, step, engine.model_runner.run(step, True))
     while scheduler.running:
         for seq in seqs:

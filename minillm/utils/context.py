@@ -24,6 +24,9 @@ class Context:
     cu_seqlens_k_cpu: list[int] = field(default_factory=list)  # tokens, and of its whole context (prefill)
     context_lens_cpu: list[int] = field(default_factory=list)
     attn_layers: list = field(default_factory=list)  # the model's Attention layers, by layer_id (see attention_op)
+    num_decodes: int = 0  # a mixed step: its first rows are this many sequences of one new token each
+    decode_rows: "Context | None" = None  # a mixed step's first num_decodes rows, as a decode step
+    prefill_rows: "Context | None" = None  # and the rest, as a prefill step
 
 
 _CONTEXT: Context | None = None

@@ -103,6 +103,24 @@ def test_prefill_chunks_a_prompt_longer_than_the_token_budget(impl):
 
 
 @pytest.mark.exercise("06.2")
+def test_prefill_takes_what_the_decode_tokens_left_and_caps_a_chunk(impl):
+    with use_impl(impl, "06.2"):
+        s = scheduler(max_num_batched_tokens=100, long_prefill_token_threshold=8)
+        a, b = Sequence(list(range(1, 6))), Sequence(list(range(1, 21)))
+        s.add(a), s.add(b)
+        seqs = s.schedule_prefill(9)  # 9 tokens left: all 5 of a, then 4 of b (under the cap of 8)
+        assert seqs == [a, b] and [x.num_scheduled_tokens for x in seqs] == [5, 4], (
+            "schedule_prefill(budget) spends `budget`, not max_num_batched_tokens"
+        )
+        assert list(s.running) == [a] and s.waiting[0] is b
+        b.num_computed_tokens += b.num_scheduled_tokens
+        assert s.schedule_prefill(50) == [b] and b.num_scheduled_tokens == 8, (
+            "a prompt's chunk is at most long_prefill_token_threshold tokens (when it is above 0)"
+        )
+        assert s.schedule_prefill(0) == [], "no budget left: nothing is scheduled"
+
+
+@pytest.mark.exercise("06.2")
 def test_prefill_waits_when_the_cache_is_full(impl):
     with use_impl(impl, "06.2"):
         s = scheduler(num_blocks=3, block_size=4)

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from minillm.layers.attention.backends import TorchAttentionBackend
-from minillm.utils.context import get_context
+from minillm.utils.context import Context, get_context
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -48,8 +48,8 @@ class Attention(nn.Module):
 
     With no step context (chapter 03) it attends over the given tokens as one sequence. With a context and a
     KV cache (chapters 04+), it first stores the new keys/values in their cache slots, then runs prefill
-    attention over packed sequences, or decode attention of one query per sequence over the paged cache,
-    with the backend the platform chose.
+    attention over packed sequences, or decode attention of one query per sequence over the paged cache, or
+    both in a mixed step (chapter 06), with the backend the platform chose.
     """
 
     def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int):
@@ -75,9 +75,21 @@ class Attention(nn.Module):
             return causal_attention(q, k, v, self.scale)
         if self.k_cache.numel():
             self.backend.store_kvcache(k, v, self.k_cache, self.v_cache, ctx)
+        if ctx.num_decodes:  # a mixed step: its decode rows first, then its prompt chunks
+            return self.attend_mixed(q, k, v, ctx)
         if ctx.is_prefill:
             return self.backend.prefill(q, k, v, self.k_cache, self.v_cache, ctx, self.scale)
         return self.backend.decode(q, self.k_cache, self.v_cache, ctx, self.scale)
+
+    def attend_mixed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Context) -> torch.Tensor:
+        """A step of decode tokens and prompt chunks (their keys and values stored already): the first
+        num_decodes rows attend as a decode step, reading the cache in place, the rest as a prefill."""
+        n, out = ctx.num_decodes, torch.empty_like(q)
+        out[:n] = self.backend.decode(q[:n], self.k_cache, self.v_cache, ctx.decode_rows, self.scale)
+        if len(q) > n:
+            rows = ctx.prefill_rows
+            out[n:] = self.backend.prefill(q[n:], k[n:], v[n:], self.k_cache, self.v_cache, rows, self.scale)
+        return out
 
 
 @torch.library.custom_op("minillm::attention", mutates_args=())

@@ -5,6 +5,7 @@ import torch
 from checkpoints import CONFIGS, make_checkpoint
 
 from minillm import LLM, SamplingParams
+from minillm.bench.stall import stall_probe, summarize
 from minillm.engine.scheduler import Scheduler
 from minillm.models import build_model
 from minillm.naive import generate_cached, generate_naive, generate_static
@@ -153,3 +154,14 @@ def test_default_model_batched_equals_naive(story_reference, setting, counters):
     assert [o.token_ids for o in outputs] == expected
     assert llm.block_manager.num_free_blocks == len(llm.block_manager.blocks)
     assert_exercised(setting, counters)
+
+
+@pytest.mark.parametrize("mixed", [True, False])
+def test_stall_probe_running_requests_get_a_token_every_step_only_with_mixed_steps(mixed):
+    """Chapter 06's probe on the default model: 8 requests decode when a 300-token prompt arrives (budget 64)."""
+    llm = LLM(max_num_batched_tokens=64, mixed_steps=mixed, num_kvcache_blocks=128)
+    probe = stall_probe(llm, num_running=8, prompt_len=300, running_len=8, max_tokens=64)
+    result = summarize(probe)
+    assert result["steps_without_token"] == (0 if mixed else 5)  # 300 tokens in chunks of 64: 5 steps
+    assert result["steps_until_first_token"] == (6 if mixed else 5)  # chunks of 56 beside the 8 decode tokens
+    assert llm.block_manager.num_free_blocks == 128  # the probe aborts its requests at the end

@@ -12,15 +12,21 @@ from minillm.sampling_params import SamplingParams
 
 
 def stall_probe(
-    llm: LLMEngine, num_running: int = 32, prompt_len: int = 900, running_len: int = 32, seed: int = 0
+    llm: LLMEngine,
+    num_running: int = 32,
+    prompt_len: int = 900,
+    running_len: int = 32,
+    max_tokens: int = 256,
+    seed: int = 0,
 ) -> dict:
-    """Start num_running requests (random prompts of running_len tokens, greedy, no EOS), let them decode, then
-    add one prompt of prompt_len tokens and step until its first token and a few steps more. Returns each step
+    """Start num_running requests (random prompts of running_len tokens, greedy, no EOS, max_tokens each: few
+    enough that the cache admits the long prompt beside them), let them decode, then add one prompt of prompt_len
+    tokens and step until its first token and a few steps more. Returns each step
     (seconds, tokens, how many running requests got a token), the step at which the prompt arrived, and per
     running request its gaps between tokens from just before the arrival to the end."""
     rng, pool = random.Random(seed), token_pool(llm.vocab_size, set(llm.scheduler.eos_token_ids))
     prompt = lambda n: [rng.choice(pool) for _ in range(n)]
-    decoding = SamplingParams(temperature=0, max_tokens=llm.config.max_model_len - running_len, ignore_eos=True)
+    decoding = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     running = [llm.add_request(prompt(running_len), decoding) for _ in range(num_running)]
     steps, token_times = [], {seq.seq_id: [] for seq in running}
 
@@ -44,6 +50,8 @@ def stall_probe(
         step()
     for _ in range(4):
         step()
+    if any(seq.is_finished for seq in running):
+        raise ValueError(f"a running request finished during the probe: raise max_tokens (now {max_tokens})")
     for seq in running:
         llm.abort_request(seq)
     gaps = {i: [b - a for a, b in zip(t[window[i] :], t[window[i] + 1 :])] for i, t in token_times.items()}

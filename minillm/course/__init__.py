@@ -40,6 +40,7 @@ CHAPTERS = {
     "09": "triton_kernels",
     "10": "tensor_parallel",
     "11": "full_engine",
+    "12": "serving",
 }
 
 

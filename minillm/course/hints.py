@@ -398,6 +398,17 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "hidden size. Never index with an unclamped local id: a negative one would silently pick a row from "
         "the end. Finish with `all_reduce(rows, group)` and return its result.",
     ),
+    "12.1": (
+        "An async generator: `async for out in stream`, and `yield` one string per event. An event is the text "
+        "'data: ', the JSON of a chunk, and two newlines; the last event of every stream is 'data: [DONE]'.",
+        "Keep a token count (every output, sent or not) and a flag for the first event. The first chunk also "
+        "carries `stream.prompt_token_ids`. After the loop, the usage chunk is `chunk(None, usage(stream, n), "
+        "False)`, only if include_usage.",
+        "Wrap the loop in try / except EngineError / finally: the except yields the error event "
+        "(`APIError(500, str(e)).body()` after 'data: '), the finally calls `stream.abort()`; the [DONE] "
+        "event comes after the whole try statement, so a client that left (the generator closed) gets no "
+        "more events but its request is still aborted.",
+    ),
 }
 
 

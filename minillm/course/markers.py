@@ -33,6 +33,7 @@ class Exercise:
     begin: int  # 1-based line numbers of the BEGIN and END marker lines
     end: int
     indent: str  # the BEGIN marker's indentation
+    generator: bool = False  # the reference body yields: the stub must stay a generator
 
     @property
     def chapter(self) -> str:
@@ -58,6 +59,7 @@ class Exercise:
             f'{i}    "Exercise {self.id} ({self.task}) is not done yet: "',
             f'{i}    "implement {self.qualname} in {student_file} — see {notebook}"',
             f"{i})",
+            *([f"{i}yield  # unreachable: keeps this function a generator, as its callers expect"] * self.generator),
         ]
 
 
@@ -83,7 +85,9 @@ def scan_file(path: Path, root: Path = PACKAGE.parent) -> list[Exercise]:
             qualname = next((q for q, (a, b) in functions.items() if a < begin <= b), None)
             if qualname is None:
                 raise MarkerError(f"{where}: exercise {m[2]} is not inside a function or a method of a top-level class")
-            found.append(Exercise(m[2], m[3].strip(), module, qualname, path, source, begin, n, m[1]))
+            body = text.splitlines()[begin : n - 1]
+            generator = any(re.match(r"\s*yield\b", line) for line in body)  # a line that starts with yield
+            found.append(Exercise(m[2], m[3].strip(), module, qualname, path, source, begin, n, m[1], generator))
             open_ = None
         elif "EXERCISE" in line and line.lstrip().startswith("# BEGIN"):
             raise MarkerError(f"{where}: malformed marker; write `# BEGIN EXERCISE NN.k: <one-line task>`")

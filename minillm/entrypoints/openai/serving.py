@@ -101,11 +101,33 @@ def streaming_response(
     stream_options.include_usage. An engine failure part-way is sent as an error event (the 200 is gone)."""
     include_usage = request.stream_options is not None and request.stream_options.include_usage
     return StreamingResponse(
-        events(stream, chunk, request.return_token_ids, include_usage), media_type="text/event-stream"
+        sse_events(stream, chunk, request.return_token_ids, include_usage), media_type="text/event-stream"
     )
 
 
-async def events(stream, chunk, with_token_ids: bool, include_usage: bool) -> AsyncIterator[str]:
+async def sse_events(stream, chunk, with_token_ids: bool, include_usage: bool) -> AsyncIterator[str]:
+    """A request's outputs as server-sent events, the framing of OpenAI's streaming API: each event is one line
+    `data: <json>` and a blank line (the string "data: " + json + "\n\n"), and the stream ends with the event
+    `data: [DONE]`.
+
+    `stream` is the request's RequestStream: iterating it (`async for out in stream`) gives DeltaOutputs, each with
+    `out.text` (the new text, maybe ""), `out.token_ids` (the new token ids) and `out.finished`. Count every
+    output's tokens (len(out.token_ids)). Send an event for each output that has text, or is the last one
+    (out.finished), or for every output when `with_token_ids` is True: `response = chunk(out, None, first)`,
+    where `first` is True for the first event only; on that first response also set `response.prompt_token_ids =
+    stream.prompt_token_ids`; the event's json is `to_json(response, with_token_ids)`. After the last output, if
+    `include_usage`, one more event: `to_json(chunk(None, usage(stream, num_tokens), False), with_token_ids)`.
+    If the engine fails part-way (iterating raises EngineError), the HTTP status 200 has gone out already:
+    send the error itself as an event, `APIError(500, str(e)).body()`, then end as usual. Whatever happens,
+    call `stream.abort()` before the end (a client that went away closes this generator: abort is what stops
+    its generation and frees its KV blocks; on a finished request it does nothing); then send `data: [DONE]`.
+
+    Example: outputs "Once" and " upon" (finished), include_usage True: four events, `data: {...}` from
+    chunk(out1, None, True) with the prompt's token ids, `data: {...}` from chunk(out2, None, False), the usage
+    event, and `data: [DONE]`.
+    """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
+    # BEGIN EXERCISE 12.1: server-sent events — frame each output as a data event, usage last, errors in-band, [DONE]
     num_tokens, first = 0, True
     try:
         async for out in stream:
@@ -122,6 +144,7 @@ async def events(stream, chunk, with_token_ids: bool, include_usage: bool) -> As
     finally:
         stream.abort()  # a client that went away: stop generating for it
     yield "data: [DONE]\n\n"
+    # END EXERCISE
 
 
 def with_cancellation(handler):

@@ -346,3 +346,11 @@ def test_python_m_minillm_serve_stops_cleanly_on_a_signal(sig):
         process.kill()
     with pytest.raises(ConnectionRefusedError):  # the port is free: nothing listens on it
         socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+def test_serve_takes_vllms_engine_flags():
+    from minillm.entrypoints.openai.api_server import engine_options, parse_args
+
+    args = parse_args(["--max-num-seqs", "8", "--max-model-len", "256", "--kv-cache-memory-bytes", "1048576"])
+    assert engine_options(args) == dict(max_num_seqs=8, max_model_len=256, kvcache_memory_bytes=1048576)
+    assert engine_options(parse_args([])) == {}

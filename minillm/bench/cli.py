@@ -9,10 +9,12 @@ python -m minillm.bench --serve-rates 2,4,8,16,inf    # Poisson arrivals: latenc
 python -m minillm.bench --roofline --random-size 100m # decode against measured bandwidth and FLOP/s
 python -m minillm.bench --roofline --random-size 100m --peer llama-cpp  # and llama.cpp at batch 1
 python -m minillm.bench --sizes tiny,25m,100m --backends minillm,hf-generate  # cost against size
+python -m minillm.bench serve --launch minillm,vllm   # online over HTTP, both servers (python -m minillm.bench serve -h)
 """
 
 import argparse
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -100,11 +102,24 @@ def rate_list(text: str) -> list[float]:
     return rates
 
 
+def add_length_arguments(group) -> None:
+    """The workloads' length options (make_workload reads them) and --seed; `python -m minillm.bench serve` has
+    them too."""
+    n, lengths = dict(type=positive_int, metavar="N"), dict(type=length_range, metavar="MIN:MAX")
+    group.add_argument("--input-len", **n, default=128, help="fixed: prompt tokens")
+    group.add_argument("--output-len", **n, default=64, help="fixed, shared-prefix: output tokens")
+    group.add_argument("--input-range", **lengths, default=(16, 256), help="mixed: prompt tokens (default 16:256)")
+    group.add_argument("--output-range", **lengths, default=(16, 256), help="mixed: output tokens (default 16:256)")
+    group.add_argument("--prefix-len", **n, default=256, help="shared-prefix: common preamble tokens")
+    group.add_argument("--suffix-len", **n, default=16, help="shared-prefix: each request's own tokens")
+    group.add_argument("--seed", type=int, default=0, help="seeds the prompts and a random model's weights")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m minillm.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    n, lengths = dict(type=positive_int, metavar="N"), dict(type=length_range, metavar="MIN:MAX")
+    n = dict(type=positive_int, metavar="N")
     p.add_argument(
         "--backends",
         type=names_from(BACKENDS, "backend"),
@@ -117,13 +132,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     w = p.add_argument_group("workload (random token ids, ignore_eos: every request generates exactly its length)")
     w.add_argument("--workload", choices=["fixed", "mixed", "shared-prefix"], default="fixed")
     w.add_argument("--num-prompts", **n, default=64)
-    w.add_argument("--input-len", **n, default=128, help="fixed: prompt tokens")
-    w.add_argument("--output-len", **n, default=64, help="fixed, shared-prefix: output tokens")
-    w.add_argument("--input-range", **lengths, default=(16, 256), help="mixed: prompt tokens (default 16:256)")
-    w.add_argument("--output-range", **lengths, default=(16, 256), help="mixed: output tokens (default 16:256)")
-    w.add_argument("--prefix-len", **n, default=256, help="shared-prefix: common preamble tokens")
-    w.add_argument("--suffix-len", **n, default=16, help="shared-prefix: each request's own tokens")
-    w.add_argument("--seed", type=int, default=0, help="seeds the prompts and a random model's weights")
+    add_length_arguments(w)
     m = p.add_argument_group("model (default: the embedded default model)").add_mutually_exclusive_group()
     m.add_argument(
         "--model",
@@ -485,7 +494,13 @@ def bench(args, random_size: str | None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Run the benchmark; print the tables, write the JSON record (and the plot); return the record."""
+    """Run the benchmark; print the tables, write the JSON record (and the plot); return the record.
+    `serve ...` runs the online benchmark over HTTP instead (minillm.bench.serve)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        from minillm.bench import serve  # imports this module's helpers
+
+        return serve.main(argv[1:])
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -19,12 +19,14 @@ from minillm.engine.llm_engine import LLMEngine
 from minillm.naive import generate_static
 
 
-def poisson_arrivals(num_requests: int, rate: float, seed: int = 0) -> list[float]:
-    """Arrival times in seconds from the start: gaps drawn from an exponential of mean 1/rate, so `rate`
-    requests per second on average (vLLM's request_rate); rate=inf sends everything at 0."""
+def poisson_arrivals(num_requests: int, rate: float, seed: int = 0, burstiness: float = 1.0) -> list[float]:
+    """Arrival times in seconds from the start, `rate` requests per second on average (vLLM's request_rate);
+    rate=inf sends everything at 0. The gaps are gamma-distributed with shape `burstiness` and mean 1/rate, as
+    vLLM's --burstiness: 1 is an exponential (a Poisson process), below 1 burstier, above 1 more regular."""
     if math.isinf(rate):
         return [0.0] * num_requests
-    return np.cumsum(np.random.default_rng(seed).exponential(1 / rate, num_requests)).tolist()
+    gaps = np.random.default_rng(seed).gamma(burstiness, 1 / (rate * burstiness), num_requests)
+    return np.cumsum(gaps).tolist()
 
 
 def wait_until(moment: float) -> None:

@@ -51,6 +51,14 @@ from minillm.entrypoints.openai.serving import (
 )
 from minillm.llm import LLM
 
+# vLLM's server flag (as an argparse dest) -> minillm's Config field
+ENGINE_FLAGS = {
+    "max_model_len": "max_model_len",
+    "max_num_seqs": "max_num_seqs",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "kv_cache_memory_bytes": "kvcache_memory_bytes",
+}
+
 
 def build_app(async_llm: AsyncLLM, model_name: str = "default") -> FastAPI:
     """The app over async_llm, whose engine is an LLM: its tokenizer, chat template and default sampling
@@ -202,16 +210,24 @@ def parse_args(argv):
     parser.add_argument(
         "--max-queue", type=int, default=256, help="requests waiting for their first token beyond which one gets 429"
     )
+    engine = parser.add_argument_group("engine settings (vLLM's flags; default: minillm's Config)")
+    for flag in ENGINE_FLAGS:
+        engine.add_argument(f"--{flag.replace('_', '-')}", type=int, metavar="N")
     args = parser.parse_args(argv)
     if args.max_queue < 1:
         parser.error(f"--max-queue must be >= 1, got {args.max_queue}")
     return args
 
 
+def engine_options(args) -> dict:
+    """LLM(...) keywords from the engine flags given."""
+    return {ours: getattr(args, flag) for flag, ours in ENGINE_FLAGS.items() if getattr(args, flag) is not None}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        llm = LLM(args.model)
+        llm = LLM(args.model, **engine_options(args))
     except KeyboardInterrupt:  # Ctrl-C while the model loads
         return 130
     except (FileNotFoundError, ValueError) as e:  # no such checkpoint, or one minillm cannot run

@@ -174,3 +174,12 @@ def test_engine_flags_are_the_same_for_both_servers(tmp_path):
     flags = ["--host", "127.0.0.1", "--port", "1234", "--max-model-len", "512", "--max-num-seqs", "8"]
     assert ours[-len(flags) :] == flags == theirs[-len(flags) :]
     assert theirs[0] == str(tmp_path / "bin" / "python") and "float32" in theirs and "--served-model-name" in theirs
+
+
+def test_minillm_separate_is_minillm_without_mixed_steps(tmp_path):
+    from minillm.entrypoints.openai.api_server import engine_options, parse_args
+
+    separate = servers.command("minillm-separate", None, default_model_path(), {}, 1234, 64, tmp_path)
+    assert separate[:3] == [sys.executable, "-m", "minillm.serve"] and separate[-1] == "--no-mixed-steps"
+    assert engine_options(parse_args(separate[3:])) == {"mixed_steps": False}
+    assert engine_options(parse_args(["--max-num-seqs", "8"])) == {"max_num_seqs": 8}

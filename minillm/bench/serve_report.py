@@ -23,7 +23,7 @@ ROWS = [
         for stat, key in (("Mean", "mean"), ("Median", "median"), ("P99", "p99"))
     ],
 ]
-COLOURS = {"minillm": "tab:blue", "vllm": "tab:orange"}
+COLOURS = {"minillm": "tab:blue", "minillm-separate": "tab:gray", "vllm": "tab:orange"}
 
 
 def rate_label(rate: float) -> str:

@@ -24,7 +24,7 @@ import httpx
 import minillm
 from minillm.bench import vllm_peer
 
-SERVERS = ["minillm", "vllm"]
+SERVERS = ["minillm", "minillm-separate", "vllm"]  # minillm-separate: minillm without mixed steps (chapter 06)
 START_TIMEOUT = 900  # seconds: vLLM starts in 25-80 s on a CPU, longer on a busy machine
 STOP_TIMEOUT = 30
 
@@ -47,9 +47,10 @@ def command(
     model) and max_queue (a burst of requests all at once must not meet its limit; vLLM has none); vLLM gets the
     checkpoint directory, served under minillm's name for it, in fp32."""
     common = ["--host", "127.0.0.1", "--port", str(port), *engine_flags(engine)]
-    if server == "minillm":
+    if server.startswith("minillm"):
         model_flag = ["--model", model] if model else []
-        return [sys.executable, "-m", "minillm.serve", *model_flag, "--max-queue", str(max_queue), *common]
+        separate = ["--no-mixed-steps"] if server == "minillm-separate" else []
+        return [sys.executable, "-m", "minillm.serve", *model_flag, "--max-queue", str(max_queue), *common, *separate]
     vllm = [str(vllm_peer.python_of(venv)), "-I", "-m", "vllm.entrypoints.openai.api_server"]
     model_flags = ["--model", str(checkpoint), "--served-model-name", model or "default"]
     return [*vllm, *model_flags, "--dtype", "float32", "--seed", "0", *common]

@@ -213,6 +213,12 @@ def parse_args(argv):
     engine = parser.add_argument_group("engine settings (vLLM's flags; default: minillm's Config)")
     for flag in ENGINE_FLAGS:
         engine.add_argument(f"--{flag.replace('_', '-')}", type=int, metavar="N")
+    engine.add_argument(
+        "--no-mixed-steps",
+        dest="mixed_steps",
+        action="store_false",
+        help="a step is all prefill or all decode (chapter 06), not the running requests' tokens and prompt chunks",
+    )
     args = parser.parse_args(argv)
     if args.max_queue < 1:
         parser.error(f"--max-queue must be >= 1, got {args.max_queue}")
@@ -221,7 +227,8 @@ def parse_args(argv):
 
 def engine_options(args) -> dict:
     """LLM(...) keywords from the engine flags given."""
-    return {ours: getattr(args, flag) for flag, ours in ENGINE_FLAGS.items() if getattr(args, flag) is not None}
+    given = {ours: getattr(args, flag) for flag, ours in ENGINE_FLAGS.items() if getattr(args, flag) is not None}
+    return given | ({} if args.mixed_steps else {"mixed_steps": False})
 
 
 def main(argv=None) -> int:

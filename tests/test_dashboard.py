@@ -8,7 +8,8 @@ import pytest
 from test_server import Server  # tests/ is on sys.path
 
 from minillm import LLM
-from minillm.course.dashboard import Dashboard, histogram_quantile, parse_metrics, show_dashboard
+from minillm.bench.prometheus import histogram_quantile, parse_metrics
+from minillm.course.dashboard import Dashboard, show_dashboard
 from minillm.engine.async_llm import AsyncLLM
 
 matplotlib.use("Agg")

@@ -23,52 +23,15 @@ import time
 from collections import deque
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from minillm.bench.endpoint_request_func import RequestFuncInput, async_request_openai_completions, served_model
+from minillm.bench.prometheus import grown, histogram_quantile, parse_metrics
 from minillm.bench.serve_report import plain_numbers
 from minillm.bench.serving import poisson_arrivals
 
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 COUNTER = "vllm:generation_tokens_total"
 HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds"}
-
-
-def parse_metrics(text: str) -> dict:
-    """A scrape as {sample name: value} (summed over label sets: a server may label per engine) and, for the
-    histograms, {name: [(le, cumulative count), ...]} in bucket order."""
-    values, buckets = {}, {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name.endswith("_bucket"):
-                bounds = buckets.setdefault(s.name.removesuffix("_bucket"), {})
-                le = float(s.labels["le"])
-                bounds[le] = bounds.get(le, 0.0) + s.value
-            else:
-                values[s.name] = values.get(s.name, 0.0) + s.value
-    return values | {name: sorted(b.items()) for name, b in buckets.items()}
-
-
-def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
-    """Prometheus's estimate of the q-quantile from cumulative bucket counts: linear within the bucket the rank
-    falls in (the +Inf bucket answers its lower bound). None when the histogram counted nothing."""
-    total = buckets[-1][1] if buckets else 0
-    if total <= 0:
-        return None
-    rank, lower, below = q * total, 0.0, 0.0
-    for le, count in buckets:
-        if count >= rank:
-            if math.isinf(le):
-                return lower
-            return lower + (le - lower) * (rank - below) / (count - below) if count > below else le
-        lower, below = le, count
-    return lower
-
-
-def grown(new: list, old: list) -> list:
-    """Bucket counts added between two scrapes of one histogram."""
-    before = dict(old)
-    return [(le, count - before.get(le, 0.0)) for le, count in new]
 
 
 class Dashboard:

@@ -409,6 +409,16 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "event comes after the whole try statement, so a client that left (the generator closed) gets no "
         "more events but its request is still aborted.",
     ),
+    "12.2": (
+        "The counts are cumulative: the last one is the total. The quantile's rank is q times it; walk the "
+        "buckets in order to the first whose count reaches the rank, and place the answer inside that bucket.",
+        "Keep two running values as you walk: the previous bucket's le (the current bucket's lower bound, 0 at "
+        "the start) and its count. Inside the bucket, the answer sits at the fraction (rank − previous count) / "
+        "(count − previous count) of the way from the lower bound to le.",
+        "Check the +Inf bucket before you interpolate (inf times anything is no answer): return the lower "
+        "bound. A total of 0 returns None. A bucket with count == previous count can only be reached at rank "
+        "0: return its le rather than dividing by zero.",
+    ),
 }
 
 

@@ -1,21 +1,26 @@
-"""Chapter 12 exercises: the server-sent events of a streamed answer (12.1).
+"""Chapter 12 exercises: the server-sent events of a streamed answer (12.1), a percentile read off a Prometheus
+histogram (12.2).
 
 Your generator frames hand-made outputs (each event's JSON, the usage event, an engine failure part-way, a client
 that leaves), then serves a real request: minillm's app, on the embedded model, answers a streamed completion
-through your code, and its pieces must add up to LLM.generate's text.
+through your code, and its pieces must add up to LLM.generate's text. Your quantile is checked on hand-made
+buckets and against numpy on many samples in fine buckets, then drives the dashboard's p50/p99 panels.
 
     python -m minillm.course grade 12
 """
 
 import asyncio
 import json
+import math
 from functools import partial
 
 import httpx
+import numpy as np
 import pytest
 
 from minillm import LLM, SamplingParams
 from minillm.course import use_impl
+from minillm.course.dashboard import HISTOGRAMS, Dashboard
 from minillm.engine.async_llm import AsyncLLM, EngineError
 from minillm.engine.output_processor import DeltaOutput
 from minillm.entrypoints.openai import serving
@@ -126,3 +131,37 @@ def test_the_server_streams_through_your_events(impl):
     assert data[-1] == "[DONE]"
     assert "".join(json.loads(d)["choices"][0]["text"] for d in data[:-1]) == expected
     assert llm.block_manager.num_free_blocks == 64
+
+
+@pytest.mark.exercise("12.2")
+def test_histogram_quantile_on_hand_made_buckets(impl):
+    buckets = [(0.1, 10.0), (0.5, 30.0), (math.inf, 40.0)]
+    assert impl.histogram_quantile(0.5, buckets) == pytest.approx(0.3), "rank 20 lies halfway through (0.1, 0.5]"
+    assert impl.histogram_quantile(0.25, buckets) == pytest.approx(0.1), "rank 10 is the first bucket's end"
+    assert impl.histogram_quantile(0.05, buckets) == pytest.approx(0.02), "the first bucket starts at 0: rank 2 of 10"
+    assert impl.histogram_quantile(0.9, buckets) == 0.5, "a rank in the +Inf bucket answers its lower bound"
+    assert impl.histogram_quantile(0.99, [(0.1, 0.0), (0.5, 0.0), (math.inf, 0.0)]) is None, "nothing counted"
+    assert impl.histogram_quantile(0.99, []) is None
+    assert impl.histogram_quantile(0.0, [(0.1, 0.0), (0.5, 3.0), (math.inf, 3.0)]) == 0.1, (
+        "rank 0 meets the empty first bucket: its le, not a division by zero"
+    )
+
+
+@pytest.mark.exercise("12.2")
+def test_histogram_quantile_tracks_the_true_quantiles_of_many_samples(impl):
+    samples = np.random.default_rng(0).lognormal(-3, 0.8, 20_000)  # latencies around 50 ms, a long tail
+    edges = [*np.linspace(0.001, 1.0, 1000), math.inf]
+    buckets = [(le, float((samples <= le).sum())) for le in edges]
+    for q in (0.5, 0.9, 0.99):
+        assert impl.histogram_quantile(q, buckets) == pytest.approx(np.quantile(samples, q), abs=0.002)
+
+
+@pytest.mark.exercise("12.2")
+def test_the_dashboards_percentiles_come_from_your_quantile(impl):
+    dash = Dashboard("http://127.0.0.1:9", interval=60)  # nothing listens: no scrape, samples are made here
+    dash.close()
+    scrape = lambda n: {name: [(0.01, 0.0), (0.1, n), (math.inf, n)] for name in HISTOGRAMS.values()}
+    dash.samples.extend([(0.0, scrape(0.0)), (5.0, scrape(100.0))])  # 100 latencies in (10, 100] ms
+    with use_impl(impl, "12.2"):
+        series = dash.series()
+    assert series["ttft_p50_ms"][-1] == pytest.approx(55.0) and series["itl_p99_ms"][-1] == pytest.approx(99.1)

@@ -28,7 +28,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "results" / "browser"
-NOTEBOOKS = ["02_embed.ipynb", "06_continuous_batching.ipynb"]
+NOTEBOOKS = ["02_embed.ipynb", "06_continuous_batching.ipynb", "12_serving.ipynb"]
 COURSE = [
     "notebooks",
     "exercises",
@@ -347,6 +347,8 @@ def test_notebook_runs_in_jupyterlab(lab, name):
         assert broken.count() == 0, f"{name}: a widget failed to render: {broken.first.inner_text()[:200]!r}"
         if name.startswith("02_"):
             move_the_temperature_slider(page, panel, name)
+        if name.startswith("12_"):
+            check_the_dashboard(page, panel, name)
     finally:
         page.close()
         try:
@@ -379,3 +381,17 @@ def move_the_temperature_slider(page, panel, name: str):
         )
     cell.screenshot(path=SHOTS / f"{Path(name).stem}-slider-after.png")
     assert slider.locator(".widget-readout").inner_text() != readout, "the slider's readout did not change"
+
+
+def check_the_dashboard(page, panel, name: str):
+    """The instructor dashboard rendered as a live panel: its load controls and its figure, drawn."""
+    button = page.locator(".widget-button", has_text="Start load")
+    cell = panel.locator(".jp-CodeCell", has=button)
+    assert cell.count() == 1, f"{name}: {cell.count()} cells with the dashboard's Start load button, expected one"
+    assert cell.locator(".widget-slider", has=page.locator(".widget-label", has_text="requests/s")).count() == 1, (
+        f"{name}: the dashboard has no requests/s slider"
+    )
+    figure = cell.locator(".jupyter-widgets img")
+    drawn = figure.evaluate_all("images => images.filter(i => i.complete && i.naturalWidth > 200).length")
+    assert drawn >= 1, f"{name}: the dashboard's figure was not drawn ({figure.count()} <img> in its widget)"
+    cell.screenshot(path=SHOTS / f"{Path(name).stem}-dashboard.png")

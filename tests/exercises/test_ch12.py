@@ -13,10 +13,12 @@ import asyncio
 import json
 import math
 from functools import partial
+from json import loads
 
 import httpx
 import numpy as np
 import pytest
+from pytest import approx
 
 from minillm import LLM, SamplingParams
 from minillm.course import use_impl
@@ -73,7 +75,7 @@ def test_events_frame_each_output_then_usage_then_done(impl):
     stream = FakeStream(OUTPUTS)
     data = payloads(frame(impl, stream))
     assert data[-1] == "[DONE]", "the last event is data: [DONE]"
-    chunks = [json.loads(d) for d in data[:-1]]
+    chunks = [loads(d) for d in data[:-1]]
     assert [c["choices"][0]["text"] for c in chunks[:2]] == ["Once", " upon"], (
         "an event per output with text or a finish reason; the empty unfinished one is skipped"
     )
@@ -82,18 +84,19 @@ def test_events_frame_each_output_then_usage_then_done(impl):
         "the usage event comes last and counts every output's tokens, sent or not"
     )
     assert all("prompt_token_ids" not in c for c in chunks), "without return_token_ids no token ids are sent"
-    assert stream.aborted == 1, "stream.abort() is called once at the end"
+    aborted = stream.aborted
+    assert aborted == 1, "stream.abort() is called once at the end"
 
 
 @pytest.mark.exercise("12.1")
 def test_with_token_ids_every_output_is_sent_and_the_first_carries_the_prompt(impl):
-    chunks = [json.loads(d) for d in payloads(frame(impl, FakeStream(OUTPUTS), with_token_ids=True))[:-1]]
+    chunks = [loads(d) for d in payloads(frame(impl, FakeStream(OUTPUTS), with_token_ids=True))[:-1]]
     assert [c["choices"][0]["token_ids"] for c in chunks[:3]] == [[11], [12], [13]]
-    assert chunks[0]["prompt_token_ids"] == [1, 2] and chunks[1].get("prompt_token_ids") is None, (
+    assert chunks[0]["prompt_token_ids"] == [1, 2] and chunks[1]["prompt_token_ids"] is None, (
         "only the first event carries stream.prompt_token_ids"
     )
     data = payloads(frame(impl, FakeStream(OUTPUTS), include_usage=False))
-    assert len(data) == 3 and all(json.loads(d).get("usage") is None for d in data[:-1]), (
+    assert len(data) == 3 and all(loads(d)["usage"] is None for d in data[:-1]), (
         "no usage event unless include_usage"
     )
 
@@ -102,14 +105,16 @@ def test_with_token_ids_every_output_is_sent_and_the_first_carries_the_prompt(im
 def test_an_engine_failure_is_an_error_event_and_a_client_that_leaves_is_aborted(impl):
     stream = FakeStream(OUTPUTS, fail_after=1)
     data = payloads(frame(impl, stream))
-    error = json.loads(data[1])["error"]
+    error = loads(data[1])["error"]
     assert error["code"] == 500 and "the step failed" in error["message"] and data[2] == "[DONE]", (
         "an EngineError part-way becomes an error event (APIError(500, ...).body()), then [DONE]"
     )
-    assert stream.aborted == 1
+    aborted = stream.aborted
+    assert aborted == 1
     stream = FakeStream(OUTPUTS)
     assert len(frame(impl, stream, take=1)) == 1
-    assert stream.aborted == 1, "closing the generator (the client left) must still call stream.abort()"
+    aborted = stream.aborted
+    assert aborted == 1, "closing the generator (the client left) must still call stream.abort()"
 
 
 @pytest.mark.exercise("12.1")
@@ -129,16 +134,17 @@ def test_the_server_streams_through_your_events(impl):
         text = asyncio.run(stream_completion())
     data = payloads([e + "\n\n" for e in text.split("\n\n") if e])
     assert data[-1] == "[DONE]"
-    assert "".join(json.loads(d)["choices"][0]["text"] for d in data[:-1]) == expected
-    assert llm.block_manager.num_free_blocks == 64
+    assert "".join(loads(d)["choices"][0]["text"] for d in data[:-1]) == expected
+    free = llm.block_manager.num_free_blocks
+    assert free == 64, "the request's KV blocks are freed"
 
 
 @pytest.mark.exercise("12.2")
 def test_histogram_quantile_on_hand_made_buckets(impl):
     buckets = [(0.1, 10.0), (0.5, 30.0), (math.inf, 40.0)]
-    assert impl.histogram_quantile(0.5, buckets) == pytest.approx(0.3), "rank 20 lies halfway through (0.1, 0.5]"
-    assert impl.histogram_quantile(0.25, buckets) == pytest.approx(0.1), "rank 10 is the first bucket's end"
-    assert impl.histogram_quantile(0.05, buckets) == pytest.approx(0.02), "the first bucket starts at 0: rank 2 of 10"
+    assert impl.histogram_quantile(0.5, buckets) == approx(0.3), "rank 20 lies halfway through (0.1, 0.5]"
+    assert impl.histogram_quantile(0.25, buckets) == approx(0.1), "rank 10 is the first bucket's end"
+    assert impl.histogram_quantile(0.05, buckets) == approx(0.02), "the first bucket starts at 0: rank 2 of 10"
     assert impl.histogram_quantile(0.9, buckets) == 0.5, "a rank in the +Inf bucket answers its lower bound"
     assert impl.histogram_quantile(0.99, [(0.1, 0.0), (0.5, 0.0), (math.inf, 0.0)]) is None, "nothing counted"
     assert impl.histogram_quantile(0.99, []) is None
@@ -153,7 +159,7 @@ def test_histogram_quantile_tracks_the_true_quantiles_of_many_samples(impl):
     edges = [*np.linspace(0.001, 1.0, 1000), math.inf]
     buckets = [(le, float((samples <= le).sum())) for le in edges]
     for q in (0.5, 0.9, 0.99):
-        assert impl.histogram_quantile(q, buckets) == pytest.approx(np.quantile(samples, q), abs=0.002)
+        assert impl.histogram_quantile(q, buckets) == approx(np.quantile(samples, q), abs=0.002)
 
 
 @pytest.mark.exercise("12.2")
@@ -164,4 +170,4 @@ def test_the_dashboards_percentiles_come_from_your_quantile(impl):
     dash.samples.extend([(0.0, scrape(0.0)), (5.0, scrape(100.0))])  # 100 latencies in (10, 100] ms
     with use_impl(impl, "12.2"):
         series = dash.series()
-    assert series["ttft_p50_ms"][-1] == pytest.approx(55.0) and series["itl_p99_ms"][-1] == pytest.approx(99.1)
+    assert series["ttft_p50_ms"][-1] == approx(55.0) and series["itl_p99_ms"][-1] == approx(99.1)

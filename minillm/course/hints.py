@@ -405,7 +405,7 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "carries `stream.prompt_token_ids`. After the loop, the usage chunk is `chunk(None, usage(stream, n), "
         "False)`, only if include_usage.",
         "Wrap the loop in try / except EngineError / finally: the except yields the error event "
-        "(`APIError(500, str(e)).body()` after 'data: '), the finally calls `stream.abort()`; the [DONE] "
+        "(`APIError(500, str(e)).body()` after 'data: '), the finally aborts the stream (its abort method); the [DONE] "
         "event comes after the whole try statement, so a client that left (the generator closed) gets no "
         "more events but its request is still aborted.",
     ),

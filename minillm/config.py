@@ -12,6 +12,11 @@ def default_model_path() -> Path:
     return Path(__file__).parent / "assets" / "default_model"
 
 
+def draft_model_path() -> Path:
+    """The default model's draft (chapter 13): a much smaller story model with the same tokenizer, shipped with it."""
+    return Path(__file__).parent / "assets" / "draft_model"
+
+
 # Architecture name in config.json -> the switches that make the one decoder in models/qwen3.py that model.
 ARCHITECTURES = {
     "Qwen3ForCausalLM": dict(qk_norm=True, qkv_bias=None, o_bias=None),
@@ -207,6 +212,9 @@ class Config:
     # chapter 10: split every layer across this many processes (ranks), one per device (or CPU core); rank 0 is
     # the engine's own process, the others minillm.engine.worker processes (or torchrun's)
     tensor_parallel_size: int = 1
+    # chapter 13, vLLM's name: {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": n,
+    # "prompt_lookup_min": m}, or {"method": "draft_model", "model": ID|DIR, "num_speculative_tokens": k}
+    speculative_config: dict | None = None
 
     def __post_init__(self):
         for name in (
@@ -230,5 +238,9 @@ class Config:
             raise ValueError(f"new_token_ratio must be a number in [0, 1], got {self.new_token_ratio!r}")
         if self.dtype not in ("auto", *DTYPES):
             raise ValueError(f"dtype must be 'auto' or one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.speculative_config is not None:
+            from minillm.spec_decode import SpeculativeConfig
+
+            SpeculativeConfig.from_dict(self.speculative_config)  # raises, naming the bad field
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")

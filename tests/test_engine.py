@@ -11,6 +11,7 @@ from minillm.models import build_model
 from minillm.naive import generate_cached, generate_naive, generate_static
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24)
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 SETTINGS = {
     "default": {},
     "chunked-prefill": dict(max_num_batched_tokens=20),
@@ -19,6 +20,11 @@ SETTINGS = {
     # later prompts join while others decode (3 seats), in chunks of at most 5 tokens
     "mixed-steps": dict(max_num_seqs=3, max_num_batched_tokens=12, long_prefill_token_threshold=5),
     "separate-steps": dict(mixed_steps=False, max_num_batched_tokens=20),
+    # speculative decoding (chapter 13): drafts by prompt lookup, some kept and some rolled back
+    "ngram": dict(speculative_config=NGRAM),
+    "ngram-preemption": dict(num_kvcache_blocks=24, kvcache_block_size=4, speculative_config=NGRAM),
+    # drafts cut to what the token budget leaves, beside prompt chunks
+    "ngram-mixed-steps": dict(max_num_seqs=3, max_num_batched_tokens=12, speculative_config=NGRAM),
 }
 
 
@@ -87,15 +93,16 @@ def test_batched_greedy_equals_naive_one_at_a_time(reference, name, setting, cou
     outputs = llm.generate(make_prompts(), GREEDY, use_tqdm=False)
     assert [out.token_ids for out in outputs] == expected
     assert llm.block_manager.num_free_blocks == len(llm.block_manager.blocks)  # nothing leaked
-    assert_exercised(setting, counters)
+    assert_exercised(setting, counters, llm)
 
 
-def assert_exercised(setting, counters):
+def assert_exercised(setting, counters, llm):
     """Each setting really took its path: chunks, preemptions, prefix-cache hits (or none without the cache)."""
     expected = {
         "chunked-prefill": "chunks",
         "separate-steps": "chunks",
         "preemption": "preempt",
+        "ngram-preemption": "preempt",
         "default": "cached_tokens",
         "mixed-steps": "mixed",
     }.get(setting)
@@ -105,6 +112,8 @@ def assert_exercised(setting, counters):
         assert counters["cached_tokens"] == 0
     if setting == "separate-steps":
         assert counters["mixed"] == 0
+    if "speculative_config" in SETTINGS[setting]:  # drafts were kept, and others rolled back
+        assert 0 < llm.spec_stats.num_accepted_tokens < llm.spec_stats.num_draft_tokens
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -147,13 +156,13 @@ def story_reference():
 def test_default_model_batched_equals_naive(story_reference, setting, counters):
     prompts, expected = story_reference
     kwargs = dict(SETTINGS[setting])
-    if setting == "preemption":
-        kwargs = dict(num_kvcache_blocks=40, kvcache_block_size=4)
+    if "num_kvcache_blocks" in kwargs:  # preemption: fewer blocks of the story model's longer texts
+        kwargs.update(num_kvcache_blocks=40, kvcache_block_size=4)
     llm = LLM(**kwargs)
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=40), use_tqdm=False)
     assert [o.token_ids for o in outputs] == expected
     assert llm.block_manager.num_free_blocks == len(llm.block_manager.blocks)
-    assert_exercised(setting, counters)
+    assert_exercised(setting, counters, llm)
 
 
 @pytest.mark.parametrize("mixed", [True, False])

@@ -30,6 +30,8 @@ from minillm.engine.block_manager import BlockManager
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.scheduler import Scheduler
 from minillm.engine.sequence import SequenceStatus
+from minillm.layers.rejection_sampler import greedy_accept
+from minillm.spec_decode.metrics import SpecDecodingStats
 from minillm.naive import generate_cached
 
 BS = 4  # tokens per KV block
@@ -37,6 +39,7 @@ SIM_VOCAB, SIM_EOS = 64, 0
 REAL_VOCAB = 256  # the tiny checkpoint's byte vocabulary
 MAX_TOKENS = 10
 MAX_STEPS = 3000  # a workload still running after this many steps is stuck
+NGRAM = {"method": "ngram", "prompt_lookup_max": 2, "prompt_lookup_min": 1}
 
 
 class InjectedFault(Exception):
@@ -74,6 +77,7 @@ def check_books(engine: LLMEngine, requests: list) -> None:
     assert not any(seq.block_table for seq in list(s.waiting)[1:]), "a waiting sequence behind the head holds blocks"
     for seq in s.running:
         assert len(seq.block_table) * BS >= seq.num_computed_tokens, "a running sequence lacks blocks for its tokens"
+        assert len(seq.block_table) <= -(-len(seq) // BS), "a running sequence holds blocks past its tokens (drafts)"
     ids = {id(seq) for seq in queued}
     for seq in requests:
         if seq.is_finished:
@@ -100,6 +104,7 @@ class Workload:
     policy: str
     prefix_caching: bool
     faults: frozenset  # model-runner calls (1-based) that fail
+    speculate: int  # draft tokens per step (speculative decoding, chapter 13); 0: none
 
 
 def cut(tokens: list[int], stop: set[int]) -> list[int]:
@@ -194,6 +199,7 @@ def workloads(draw, vocab: int, max_requests: int, budgets, max_faults: int) -> 
         policy=draw(st.sampled_from(["fcfs", "priority"])),
         prefix_caching=draw(st.booleans() | st.just(True)),
         faults=frozenset(draw(st.sets(st.integers(1, 40), max_size=max_faults))),
+        speculate=draw(st.sampled_from([0, 0, 1, 3])),
     )
 
 
@@ -230,26 +236,53 @@ class FakeRunner:
         self.calls += 1
         writes, ends = {}, []
         for seq in seqs:
+            ids = seq.token_ids + seq.spec_token_ids  # a step verifying drafts computes them too
             if is_prefill:
                 start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_scheduled_tokens
                 positions = [p for p in range(start, end) if p >= seq.num_cached_tokens]
-            else:
-                assert seq.num_computed_tokens == len(seq) - 1 and seq.num_scheduled_tokens == 1
-                end = len(seq)
-                positions = [end - 1]
+            else:  # the newest token, and the drafts after it
+                assert seq.num_computed_tokens == len(seq) - 1 and seq.num_scheduled_tokens == 1 + len(
+                    seq.spec_token_ids
+                )
+                end = len(seq) + len(seq.spec_token_ids)
+                positions = list(range(len(seq) - 1, end))
             for p in positions:
-                writes[self.slot(seq, p)] = tuple(seq.token_ids[: p + 1])
+                writes[self.slot(seq, p)] = tuple(ids[: p + 1])
             ends.append(end)
         if self.calls in self.faults:
             self.kv.update(dict.fromkeys(writes, "garbage"))
             raise InjectedFault(f"step {self.calls}")
         self.kv.update(writes)
         for seq, end in zip(seqs, ends):
+            ids = seq.token_ids + seq.spec_token_ids
             for p in range(end):
-                assert self.kv.get(self.slot(seq, p)) == tuple(seq.token_ids[: p + 1]), (
+                assert self.kv.get(self.slot(seq, p)) == tuple(ids[: p + 1]), (
                     f"sequence {seq.seq_id} reads wrong keys/values at position {p} (block {seq.block_table[p // BS]})"
                 )
-        return [next_token(seq.token_ids) if seq.samples_this_step else None for seq in seqs]
+        return [self.sample(seq) if seq.samples_this_step else None for seq in seqs]
+
+    @staticmethod
+    def sample(seq) -> int:
+        """The simulated model's token after seq, after its drafts the model agrees with (kept in spec_token_ids)."""
+        ids = seq.token_ids + seq.spec_token_ids
+        targets = [next_token(ids[:i]) for i in range(len(seq), len(ids) + 1)]
+        kept = greedy_accept(targets, seq.spec_token_ids)
+        seq.spec_token_ids = kept[:-1]
+        return kept[-1]
+
+
+class SimProposer:
+    """Drafts for the simulated model: its own next tokens, except at every third position one off (rejected)."""
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def propose(self, seqs) -> None:
+        for seq in seqs:
+            ids = list(seq.token_ids)
+            for _ in range(min(self.k, seq.remaining_tokens - 1)):
+                ids.append((next_token(ids) + (len(ids) % 3 == 0)) % SIM_VOCAB)
+            seq.spec_token_ids = ids[len(seq) :]
 
 
 def sim_engine(w: Workload, manager=BlockManager) -> LLMEngine:
@@ -269,6 +302,8 @@ def sim_engine(w: Workload, manager=BlockManager) -> LLMEngine:
     engine.model_runner = FakeRunner(w.faults)
     engine.block_manager = manager(w.num_blocks, BS, w.prefix_caching)
     engine.scheduler = Scheduler(config, engine.block_manager, eos_token_ids=[SIM_EOS])
+    engine.proposer = SimProposer(w.speculate) if w.speculate else None
+    engine.spec_stats = SpecDecodingStats()
     return engine
 
 
@@ -307,6 +342,7 @@ def real_engine(path, w: Workload, manager=None) -> LLM:
         max_num_batched_tokens=w.max_num_batched_tokens,
         scheduling_policy=w.policy,
         enable_prefix_caching=w.prefix_caching,
+        speculative_config=dict(NGRAM, num_speculative_tokens=w.speculate) if w.speculate else None,
     )
     if manager is not None:
         llm.block_manager = llm.scheduler.block_manager = manager(w.num_blocks, BS, w.prefix_caching)
@@ -353,6 +389,17 @@ class UndercountingBlockManager(BlockManager):
                 self.blocks[b].ref_count -= 1
 
 
+class UnrolledScheduler(Scheduler):
+    """Broken on purpose: after a step that verified drafts, the rejected ones stay counted as computed."""
+
+    def accept_drafts(self, seqs, token_ids):
+        scheduled = [seq.num_scheduled_tokens for seq in seqs]
+        token_ids = super().accept_drafts(seqs, token_ids)
+        for seq, n in zip(seqs, scheduled):
+            seq.num_scheduled_tokens = n
+        return token_ids
+
+
 def expect_caught(prop) -> str:
     """Run a hypothesis property expected to fail; return the AssertionError's message."""
     with pytest.raises(AssertionError) as caught:
@@ -383,3 +430,15 @@ def test_the_checks_catch_a_broken_block_manager_in_the_real_engine(tiny_checkpo
 
     message = expect_caught(prop)
     assert "ref counts" in message or "holds blocks" in message or "leaked" in message, message
+
+
+def test_the_checks_catch_drafts_that_are_not_rolled_back():
+    @settings(max_examples=250, **FIND_FAST)
+    @given(SIM_WORKLOADS)
+    def prop(w):
+        engine = sim_engine(w)
+        engine.scheduler.__class__ = UnrolledScheduler
+        run_workload(engine, w, sim_alone)
+
+    message = expect_caught(prop)
+    assert "reads wrong keys/values" in message or "num_computed_tokens" in message, message

@@ -354,3 +354,26 @@ def test_serve_takes_vllms_engine_flags():
     args = parse_args(["--max-num-seqs", "8", "--max-model-len", "256", "--kv-cache-memory-bytes", "1048576"])
     assert engine_options(args) == dict(max_num_seqs=8, max_model_len=256, kvcache_memory_bytes=1048576)
     assert engine_options(parse_args([])) == {}
+
+
+def test_a_speculating_server_streams_several_tokens_a_step_and_counts_its_drafts(llm, reference):
+    """The model as its own draft keeps every draft: each step gives up to k + 1 tokens, which must still arrive
+    as the same text, token ids and usage, and show in vLLM's spec_decode counters."""
+    spec = {"method": "draft_model", "model": str(default_model_path()), "num_speculative_tokens": 3}
+    server = Server(AsyncLLM(LLM(llm.model_path, num_kvcache_blocks=BLOCKS, speculative_config=spec)), "story")
+    try:
+        body = dict(model="story", prompt=PROMPT, max_tokens=24, temperature=0, stream=True, return_token_ids=True)
+        body["stream_options"] = {"include_usage": True}
+        events = [line[6:] for line in post(server, "/v1/completions", body).text.splitlines() if line[6:]]
+        chunks = [json.loads(e) for e in events[:-1]]
+        ref = reference[0]
+        assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == ref.text
+        assert [t for c in chunks if c["choices"] for t in c["choices"][0]["token_ids"]] == ref.token_ids
+        assert max(len(c["choices"][0]["token_ids"]) for c in chunks if c["choices"]) > 1, "steps of several tokens"
+        assert chunks[-1]["usage"]["completion_tokens"] == len(ref.token_ids)
+        m = metrics(server)
+        drafts = m["vllm:spec_decode_num_draft_tokens_total"]
+        assert drafts > 0 and m["vllm:spec_decode_num_accepted_tokens_total"] == drafts
+        assert m["vllm:generation_tokens_total"] == len(ref.token_ids)
+    finally:
+        server.stop()

@@ -10,6 +10,7 @@ python -m minillm.bench --roofline --random-size 100m # decode against measured 
 python -m minillm.bench --roofline --random-size 100m --peer llama-cpp  # and llama.cpp at batch 1
 python -m minillm.bench --sizes tiny,25m,100m --backends minillm,hf-generate  # cost against size
 python -m minillm.bench serve --launch minillm,vllm   # online over HTTP, both servers (python -m minillm.bench serve -h)
+python -m minillm.bench spec --workload rewrite --model ID   # speculative decoding against none, by batch size
 """
 
 import argparse
@@ -495,12 +496,17 @@ def bench(args, random_size: str | None) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark; print the tables, write the JSON record (and the plot); return the record.
-    `serve ...` runs the online benchmark over HTTP instead (minillm.bench.serve)."""
+    `serve ...` runs the online benchmark over HTTP instead (minillm.bench.serve), `spec ...` speculative decoding
+    against the plain engine (minillm.bench.spec)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:
         from minillm.bench import serve  # imports this module's helpers
 
         return serve.main(argv[1:])
+    if argv[:1] == ["spec"]:
+        from minillm.bench import spec
+
+        return spec.main(argv[1:])
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

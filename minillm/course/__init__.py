@@ -41,6 +41,7 @@ CHAPTERS = {
     "10": "tensor_parallel",
     "11": "full_engine",
     "12": "serving",
+    "13": "speculative_decoding",
 }
 
 

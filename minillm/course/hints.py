@@ -419,6 +419,43 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "bound. A total of 0 returns None. A bucket with count == previous count can only be reached at rank "
         "0: return its le rather than dividing by zero.",
     ),
+    "13.1": (
+        "Work from the longest n down. The suffix is the last n tokens; an earlier occurrence is a start i with "
+        "the same n tokens there and at least one token after them (i + n < len). Scan i from the end backwards "
+        "and the first hit is the most recent.",
+        "Guard the range of n: a suffix as long as the whole list has nothing before it, so n goes up to "
+        "len(token_ids) - 1 at most (and the loop may not run at all). Slicing past the end of a list is safe: "
+        "token_ids[j : j + k] just returns fewer tokens.",
+        "For speed (this runs for every sequence every step) numpy helps: the positions where the newest token "
+        "occurred before are np.flatnonzero(ids[:-1] == ids[-1]); keep those whose earlier tokens also match, "
+        "one offset at a time. A pure-Python double loop is correct too.",
+    ),
+    "13.2": (
+        "Walk the drafts and the target's picks side by side, counting how many agree from the start; stop at "
+        "the first disagreement.",
+        "The answer is always a prefix of target_ids: the agreeing drafts equal the target's picks there, and the "
+        "one token after them is the target's pick at the first disagreement (or the bonus row's).",
+        "With n agreeing drafts that is target_ids[: n + 1]; with no drafts, n is 0 and one token comes back.",
+    ),
+    "13.3": (
+        "Loop over the drafts with their row index. Build q for the row: the draft model's row, or for a looked-up "
+        "draft a one-hot vector (torch.zeros_like(p), then a 1 at the draft's id).",
+        "Acceptance compares u * q[d] with p[d], which avoids dividing by a q(d) of zero. On rejection the "
+        "residual is (p - q).clamp_min(0), divided by its sum; it has mass wherever rejection can happen.",
+        "A rejection ends the step: return the kept drafts plus the residual draw. If the loop finishes, draw the "
+        "bonus token from the row after the last draft, target_probs[len(draft_ids)]. Pass generator= to every "
+        "draw, rand and multinomial alike.",
+    ),
+    "13.4": (
+        "A sequence verified drafts when its step went past its end: num_computed_tokens + num_scheduled_tokens "
+        "> len(seq). Others (and a None token) are left as they are. Work on a copy of token_ids.",
+        "Take the kept drafts out of seq.spec_token_ids (and empty it) before appending them; after each append "
+        "ask finish_reason. If it says the request ends, that draft becomes the returned token: pop it back off "
+        "token_ids, so postprocess appends it, and stop appending.",
+        "The rollback is two lines once the drafts are in: num_scheduled_tokens becomes len(seq) minus "
+        "num_computed_tokens, and free_tail(seq, len(seq) + 1) keeps the blocks for the tokens after "
+        "postprocess. Rejected slots need no clearing: they are no longer counted, so they will be overwritten.",
+    ),
 }
 
 

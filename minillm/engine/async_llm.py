@@ -23,6 +23,7 @@ from minillm.engine.output_processor import (
     SchedulerStats,
 )
 from minillm.sampling_params import SamplingParams
+from minillm.spec_decode.metrics import SpecDecodingStats
 from minillm.tokenizer import IncrementalDetokenizer
 
 
@@ -189,7 +190,7 @@ class AsyncLLM:
 
     def _step(self, stats: IterationStats) -> list[tuple[RequestState, DeltaOutput]]:
         """One engine step; the outputs it made for AsyncLLM's requests (a failed step's requests get its error)."""
-        preemptions = self.engine.scheduler.num_preemptions
+        preemptions, spec = self.engine.scheduler.num_preemptions, spec_counts(self.engine.spec_stats)
         try:
             updated, _ = self.engine.step()
         except Exception as e:  # rolled back by the engine: fail the requests of that step, serve the others
@@ -203,6 +204,7 @@ class AsyncLLM:
             return []
         finally:
             stats.num_preempted_reqs = self.engine.scheduler.num_preemptions - preemptions
+            stats.spec_decode = tuple(b - a for a, b in zip(spec, spec_counts(self.engine.spec_stats)))
         now = time.perf_counter()
         outputs = []
         for seq in updated:
@@ -264,3 +266,7 @@ def _settle(future: asyncio.Future, result, error) -> None:
 def _put_all(batch) -> None:
     for q, item in batch:
         q.put_nowait(item)
+
+
+def spec_counts(stats: SpecDecodingStats) -> tuple[int, int, int]:
+    return stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens

@@ -200,13 +200,24 @@ class BlockManager:
         seq.block_table = [self._take_new().block_id for _ in range(self.num_blocks(num_tokens))]
 
     def can_append(self, seq: Sequence) -> bool:
-        """Is there a block for seq's newest token, should it start a new block?"""
-        return self.num_free_blocks >= (len(seq) > len(seq.block_table) * self.block_size)
+        """Are there blocks for seq's newest token (and the drafts after it), should they start new blocks?"""
+        return self.num_free_blocks >= self.num_blocks(len(seq) + len(seq.spec_token_ids)) - len(seq.block_table)
 
     def may_append(self, seq: Sequence) -> None:
-        """Add a block when seq's newest token does not fit in the blocks it has."""
-        if len(seq) > len(seq.block_table) * self.block_size:
+        """Add blocks while seq's newest token (and the drafts after it) do not fit in the blocks it has."""
+        while len(seq) + len(seq.spec_token_ids) > len(seq.block_table) * self.block_size:
             seq.block_table.append(self._take_new().block_id)
+
+    def free_tail(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back seq's blocks past the first num_tokens tokens (they held drafts that were rejected). They are
+        its own, never shared: prefix hits are blocks of a prompt, and drafts come after it."""
+        for block_id in reversed(seq.block_table[self.num_blocks(num_tokens) :]):
+            block = self.blocks[block_id]
+            self._forget(block)
+            block.ref_count = 0
+            self.used_block_ids.remove(block_id)
+            self.free_block_ids.append(block_id)
+        del seq.block_table[self.num_blocks(num_tokens) :]
 
     def cache_blocks(self, seq: Sequence, num_tokens: int) -> None:
         """Make seq's full blocks among its first num_tokens tokens findable by later prefixes.

@@ -35,10 +35,13 @@ class InputBuffers:
     def __init__(self, config: Config, block_size: int, device: torch.device):
         seqs = config.max_num_seqs
         tokens = max(config.max_num_batched_tokens, seqs)  # a decode step has one token per sequence
+        # a decode step's rows: one per sequence, and one per draft token it verifies (chapter 13)
+        spec = config.speculative_config
+        rows = min(tokens, seqs * (1 + spec["num_speculative_tokens"])) if spec else seqs
         buf = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=device)
         self.input_ids, self.positions, self.slot_mapping = buf(tokens), buf(tokens), buf(tokens)
-        self.context_lens, self.logits_indices = buf(seqs), buf(seqs)
-        self.block_tables = buf(seqs, -(-config.max_model_len // block_size))
+        self.context_lens, self.logits_indices = buf(rows), buf(rows)
+        self.block_tables = buf(rows, -(-config.max_model_len // block_size))
 
     def load(self, s: StepInputs, attn_layers: list, bucket: int | None = None) -> Context:
         """Write a step into the buffers' first rows and return its Context: the one place a step's Context is

@@ -16,6 +16,8 @@ from minillm.engine.scheduler import Scheduler
 from minillm.engine.sequence import Sequence
 from minillm.engine.worker import describe_failed, join_tensor_parallel, stop_workers
 from minillm.sampling_params import SamplingParams
+from minillm.spec_decode import make_proposer
+from minillm.spec_decode.metrics import SpecDecodingStats
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 from minillm.utils.loader import resolve_model_path
 from minillm.utils.parallel import check_tensor_parallel
@@ -24,7 +26,8 @@ from minillm.utils.parallel import check_tensor_parallel
 @dataclass
 class RequestOutput:
     """One finished request: its text and tokens, why it stopped, how many prompt tokens came from the
-    prefix cache, and when (time.perf_counter seconds)."""
+    prefix cache, and when (time.perf_counter seconds); with speculative decoding, how many draft tokens were
+    verified for it and how many of them kept."""
 
     prompt_token_ids: list[int]
     token_ids: list[int]
@@ -34,6 +37,8 @@ class RequestOutput:
     arrival_time: float
     first_token_time: float
     finish_time: float
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
 
 @dataclass
@@ -91,6 +96,9 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(config, self.block_manager, eos_token_ids(path, model_config, self.tokenizer))
         self.failed_seqs: list[Sequence] = []  # the sequences of the last step that raised, rolled back
+        # drafts to verify (chapter 13), or None
+        self.proposer = make_proposer(config, self.vocab_size, self.model_runner.num_kvcache_blocks)
+        self.spec_stats = SpecDecodingStats()
 
     def add_request(self, prompt: str | list[int], sampling_params: SamplingParams, priority: int = 0) -> Sequence:
         """Tokenize and check a request, then queue it. Raises ValueError naming the problem and the fix."""
@@ -127,6 +135,8 @@ class LLMEngine:
         """Stop an unfinished request (as returned by add_request) and free its blocks."""
         if not seq.is_finished:
             self.scheduler.abort(seq)
+            if self.proposer:
+                self.proposer.release([seq])
 
     def step(self) -> tuple[list[Sequence], int]:
         """Schedule and run one step. Returns the sequences that got a token, and the tokens computed.
@@ -136,12 +146,19 @@ class LLMEngine:
             raise RuntimeError(f"this engine is closed ({self.closed}): create a new LLM")
         seqs = None
         try:
+            if self.proposer:  # every running sequence has its newest token to compute: guess the ones after it
+                self.proposer.propose(list(self.scheduler.running))
             seqs, is_prefill = self.scheduler.schedule()
             if not seqs:
                 raise RuntimeError("the scheduler found nothing to run although requests are waiting")
             token_ids = self.model_runner.run(seqs, is_prefill)
             now = time.perf_counter()
+            if self.proposer:
+                self.spec_stats.observe(seqs)
+                token_ids = self.scheduler.accept_drafts(seqs, token_ids)
             updated = self.scheduler.postprocess(seqs, token_ids)
+            if self.proposer:
+                self.proposer.release([seq for seq in updated if seq.is_finished])
         except BaseException as e:
             self.failed_seqs = [*self.scheduler.running, *self.scheduler.waiting] if seqs is None else seqs
             self.scheduler.rollback(self.failed_seqs)
@@ -208,6 +225,7 @@ class LLMEngine:
         (break, an exception, Ctrl-C) aborts its unfinished requests."""
         seqs = self._add_all(prompts, sampling_params, priorities)
         index = {seq.seq_id: i for i, seq in enumerate(seqs)}
+        sent = dict.fromkeys(index, 0)  # completion tokens yielded, per request
         detoks = {
             seq.seq_id: IncrementalDetokenizer(self.tokenizer, seq.token_ids)
             for seq in seqs
@@ -215,9 +233,12 @@ class LLMEngine:
         }
         try:
             while not self.is_finished():
-                for seq in self.step()[0]:
-                    text = detoks[seq.seq_id].add(seq.last_token) if detoks else ""
-                    yield StreamOutput(index[seq.seq_id], text, seq.last_token, seq.is_finished)
+                for seq in self.step()[0]:  # a token, or several where a step kept drafts (chapter 13)
+                    new = seq.completion_token_ids[sent[seq.seq_id] :]
+                    sent[seq.seq_id] += len(new)
+                    for i, token in enumerate(new):
+                        text = detoks[seq.seq_id].add(token) if detoks else ""
+                        yield StreamOutput(index[seq.seq_id], text, token, seq.is_finished and i == len(new) - 1)
         finally:
             for seq in seqs:
                 self.abort_request(seq)
@@ -247,6 +268,8 @@ class LLMEngine:
                 seq.arrival_time,
                 seq.first_token_time,
                 seq.finish_time,
+                seq.num_draft_tokens,
+                seq.num_accepted_tokens,
             )
             for seq in seqs
         ]

@@ -16,6 +16,7 @@ from minillm.engine.input_batch import InputBuffers, StepInputs
 from minillm.engine.kv_cache import allocate_kv_cache, kv_cache_bytes_per_token
 from minillm.engine.sequence import Sequence
 from minillm.layers.paged_attention import slot_mapping_for
+from minillm.layers.rejection_sampler import RejectionSampler
 from minillm.layers.sampler import Sampler, SamplingMetadata
 from minillm.models import build_model
 from minillm.platforms import select_platform
@@ -43,6 +44,7 @@ class ModelRunner:
         self.block_size = config.kvcache_block_size
         self.buffers = InputBuffers(config, self.block_size, self.device)
         self.sampler = Sampler()
+        self.rejection_sampler = RejectionSampler()
         self.eager_reason = self.why_eager(config)  # before the KV budget: CUDA graphs keep a memory pool
         tp_size = group.size if group else 1  # each rank caches its share of the KV heads
         bytes_per_block = kv_cache_bytes_per_token(self.model.config, self.dtype) * self.block_size
@@ -153,22 +155,28 @@ class ModelRunner:
 
     def prepare_prefill(self, seqs: list[Sequence]) -> StepInputs:
         """Pack each sequence's scheduled tokens end to end: cu_seqlens, slot_mapping (and block_tables when some
-        keys come from the cache). The leading sequences of one new token (the decode tokens of a mixed step)
-        are counted, with their context lengths, so that attention runs them as a decode."""
-        num_decodes = next((i for i, seq in enumerate(seqs) if seq.num_scheduled_tokens != 1), len(seqs))
-        input_ids, positions, slot_mapping, cu_q, cu_k, logits_indices = [], [], [], [0], [0], []
+        keys come from the cache). The leading decoding sequences (the decode tokens of a mixed step) are rows of
+        one token each, counted, with their context lengths, so that attention runs them as a decode."""
+        rows, num_decodes = [], 0
         for seq in seqs:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_scheduled_tokens
-            input_ids += seq.token_ids[start:end]
+            if decodes(seq) and num_decodes == len(rows):
+                rows += [(seq, pos, pos + 1) for pos in range(start, end)]
+                num_decodes = len(rows)
+            else:
+                rows.append((seq, start, end))
+        input_ids, positions, slot_mapping, cu_q, cu_k, logits_indices = [], [], [], [0], [0], []
+        for seq, start, end in rows:
+            input_ids += tokens_at(seq, start, end)
             positions += range(start, end)
             cu_q.append(cu_q[-1] + end - start)
             cu_k.append(cu_k[-1] + end)
-            if seq.samples_this_step:
-                logits_indices.append(cu_q[-1] - 1)
+            if end >= len(seq):  # the rows from the newest token on give next-token logits
+                logits_indices += range(cu_q[-1] - (end - max(start, len(seq) - 1)), cu_q[-1])
             slots = slot_mapping_for(seq.block_table, start, end, self.block_size)
             # a fully cached prompt recomputes its last token; its K/V are in a shared block already
             slot_mapping += [-1 if pos < seq.num_cached_tokens else s for pos, s in zip(range(start, end), slots)]
-        block_tables = [seq.block_table for seq in seqs] if num_decodes or cu_k[-1] > cu_q[-1] else None
+        block_tables = [seq.block_table for seq, _, _ in rows] if num_decodes or cu_k[-1] > cu_q[-1] else None
         context_lens = [b - a for a, b in zip(cu_k, cu_k[1 : num_decodes + 1])] if num_decodes else None
         return StepInputs(
             True,
@@ -184,28 +192,33 @@ class ModelRunner:
         )
 
     def prepare_decode(self, seqs: list[Sequence]) -> StepInputs:
-        """One token per sequence, its newest, at position len - 1."""
-        slot_mapping = [slot_mapping_for(seq.block_table, len(seq) - 1, len(seq), self.block_size)[0] for seq in seqs]
+        """A row per new token: each sequence's newest, at position len - 1, then its drafts (chapter 13), each a
+        decode of its own over the keys before it, so that verifying k drafts is a decode step of k + 1 rows."""
+        rows = [(seq, pos) for seq in seqs for pos in range(len(seq) - 1, len(seq) + len(seq.spec_token_ids))]
         return StepInputs(
             False,
-            [seq.last_token for seq in seqs],
-            [len(seq) - 1 for seq in seqs],
-            slot_mapping,
-            [seq.block_table for seq in seqs],
-            context_lens=[len(seq) for seq in seqs],
+            [tokens_at(seq, pos, pos + 1)[0] for seq, pos in rows],
+            [pos for _, pos in rows],
+            [slot_mapping_for(seq.block_table, pos, pos + 1, self.block_size)[0] for seq, pos in rows],
+            [seq.block_table for seq, _ in rows],
+            context_lens=[pos + 1 for _, pos in rows],
         )
 
     def load(self, inputs: StepInputs, bucket: int | None = None) -> Context:
         """A step's inputs written into the input buffers, as its Context (at a bucket's rows, for a replay)."""
         return self.buffers.load(inputs, self.attn_layers, bucket)
 
-    def prepare_sample(self, seqs: list[Sequence]) -> SamplingMetadata:
-        """Per-row sampling settings of the sequences that get a token this step."""
+    def prepare_sample(self, seqs: list[Sequence], rows_per_draft: bool = False) -> SamplingMetadata:
+        """Per-row sampling settings of the sequences that get a token this step (with rows_per_draft, each
+        sequence's repeated over its 1 + len(spec_token_ids) rows)."""
         for seq in seqs:  # a seeded request's own random stream, on the device that samples
             if seq.generator is None and seq.sampling_params.seed is not None:
                 seq.generator = torch.Generator(self.device).manual_seed(seq.sampling_params.seed)
+        rows = [1 + len(seq.spec_token_ids) if rows_per_draft else 1 for seq in seqs]
         return SamplingMetadata.build(
-            [seq.sampling_params for seq in seqs], [seq.generator for seq in seqs], self.device
+            [seq.sampling_params for seq, n in zip(seqs, rows) for _ in range(n)],
+            [seq.generator for seq, n in zip(seqs, rows) for _ in range(n)],
+            self.device,
         )
 
     @torch.inference_mode()
@@ -231,10 +244,10 @@ class ModelRunner:
 
     def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int | None]:
         """One step; a token for each sequence that reached its end, None for a prefill chunk that did not.
-        Sequences of one new token run first, ordered by length (similar contexts side by side, see
-        CPUAttentionBackend), then the prompt chunks of a prefill or mixed step in the order scheduled."""
-        batch = sorted((seq for seq in seqs if seq.num_scheduled_tokens == 1), key=len)
-        batch += [seq for seq in seqs if seq.num_scheduled_tokens != 1]
+        Decoding sequences run first, ordered by length (similar contexts side by side, see CPUAttentionBackend),
+        then the prompt chunks of a prefill or mixed step in the order scheduled."""
+        batch = sorted((seq for seq in seqs if decodes(seq)), key=len)
+        batch += [seq for seq in seqs if not decodes(seq)]
         inputs = (self.prepare_prefill if is_prefill else self.prepare_decode)(batch)
         if self.group:
             self.group.send_step(inputs)  # the other ranks run the same step on their shards
@@ -247,7 +260,10 @@ class ModelRunner:
             raise
         sampled = [seq for seq in batch if seq.samples_this_step]
         with compiled_layers(self.compile_layers):
-            tokens = self.sampler(logits, self.prepare_sample(sampled)).tolist() if sampled else []
+            if any(seq.spec_token_ids for seq in sampled):  # verify drafts: the kept ones stay in spec_token_ids
+                tokens = self.rejection_sampler(logits, sampled, self.prepare_sample(sampled, rows_per_draft=True))
+            else:
+                tokens = self.sampler(logits, self.prepare_sample(sampled)).tolist() if sampled else []
         tokens = dict(zip(sampled, tokens))
         return [tokens.get(seq) for seq in seqs]
 
@@ -258,3 +274,15 @@ class ModelRunner:
                 self.execute(inputs)
             except Exception as e:  # rank 0 abandoned the step, or this rank failed: both end it for all
                 self.group.abandon_step(e)
+
+
+def decodes(seq: Sequence) -> bool:
+    """Whether seq's step decodes: its newest token (and any drafts after it) over keys and values in the cache,
+    rather than a prompt's chunk."""
+    return seq.num_scheduled_tokens == 1 or seq.num_computed_tokens + seq.num_scheduled_tokens > len(seq)
+
+
+def tokens_at(seq: Sequence, start: int, end: int) -> list[int]:
+    """seq's tokens at positions start..end-1, its drafts following its own tokens."""
+    n = len(seq)
+    return seq.token_ids[start:end] + seq.spec_token_ids[max(0, start - n) : max(0, end - n)]

@@ -38,6 +38,7 @@ class IterationStats:
     num_preempted_reqs: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # of those, the tokens found there
+    spec_decode: tuple[int, int, int] = (0, 0, 0)  # speculative decoding: drafts, draft tokens, accepted tokens
     time_to_first_tokens_iter: list[float] = field(default_factory=list)
     inter_token_latencies_iter: list[float] = field(default_factory=list)
     e2e_latencies: list[float] = field(default_factory=list)  # of the requests that finished
@@ -80,12 +81,14 @@ class RequestState:
         self.seq: Sequence | None = None
         self.detokenizer: IncrementalDetokenizer | None = None
         self.num_sent_chars = 0
+        self.num_tokens = 0  # completion tokens turned into outputs so far
         self.waiting = True  # counted in AsyncLLM's queue until its first token (or its end)
         self.arrival_time = time.perf_counter()
         self.last_token_time: float | None = None
 
     def process(self, seq: Sequence, now: float, stats: IterationStats) -> DeltaOutput:
-        """The output for the token seq got in the step that ended at `now`; adds to stats."""
+        """The output for the tokens seq got in the step that ended at `now` (one, or several when the step kept
+        drafts, chapter 13); adds to stats."""
         if self.last_token_time is None:
             stats.time_to_first_tokens_iter.append(now - self.arrival_time)
             stats.num_prompt_tokens += seq.num_prompt_tokens
@@ -94,11 +97,14 @@ class RequestState:
         else:
             stats.inter_token_latencies_iter.append(now - self.last_token_time)
         self.last_token_time = now
-        stats.num_generation_tokens += 1
+        new = seq.completion_token_ids[self.num_tokens :]
+        self.num_tokens += len(new)
+        stats.num_generation_tokens += len(new)
         finish_reason, text = seq.finish_reason, ""
         if self.detokenizer is not None:
             searched = len(self.detokenizer.text) - self.hold  # a stop string may begin this far back
-            self.detokenizer.add(seq.last_token)
+            for token in new:
+                self.detokenizer.add(token)
             text = self.detokenizer.text
             if self.stop and (cut := find_stop_string(text, self.stop, max(searched, 0))) != -1:
                 text, finish_reason = text[:cut], "stop"
@@ -106,7 +112,7 @@ class RequestState:
             text, self.num_sent_chars = text[self.num_sent_chars : end], end
         if finish_reason:
             stats.e2e_latencies.append(now - self.arrival_time)
-        return DeltaOutput(text, [seq.last_token], finish_reason)
+        return DeltaOutput(text, new, finish_reason)
 
 
 class QueueFullError(RuntimeError):

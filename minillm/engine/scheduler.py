@@ -57,14 +57,16 @@ class Scheduler:
 
     def schedule(self) -> tuple[list[Sequence], bool]:
         """The sequences of the next step, each with num_scheduled_tokens set, and whether it prefills (a
-        prefill or a mixed step: decode tokens first, then prompt chunks) or only decodes."""
+        prefill or a mixed step: decode tokens first, then prompt chunks) or only decodes (each running sequence's
+        newest token, and the drafts after it, chapter 13)."""
         if self.policy == "priority":
             self.preempt_for_priority()
         if self.mixed_steps:
             preemptions = self.num_preemptions
             decodes = self.schedule_decode()
             # as vLLM: a step that had to preempt admits no one (the victim would be readmitted at once)
-            budget = self.max_num_batched_tokens - len(decodes) if self.num_preemptions == preemptions else 0
+            used = sum(seq.num_scheduled_tokens for seq in decodes)
+            budget = self.max_num_batched_tokens - used if self.num_preemptions == preemptions else 0
             prefills = self.schedule_prefill(budget)
         else:
             decodes, prefills = [], self.schedule_prefill(self.max_num_batched_tokens)
@@ -149,12 +151,19 @@ class Scheduler:
         # END EXERCISE
 
     def schedule_decode(self) -> list[Sequence]:
-        """One token for each running sequence (up to max_num_seqs), preempting when the cache is full."""
-        scheduled = []
-        for seq in list(self.running)[: self.max_num_seqs]:
+        """One token for each running sequence (up to max_num_seqs), preempting when the cache is full; and its
+        draft tokens to verify (chapter 13), as far as the token budget and the free blocks allow (drafts are
+        dropped rather than cause a preemption)."""
+        scheduled, running = [], list(self.running)[: self.max_num_seqs]
+        spare = self.max_num_batched_tokens - len(running)  # the budget beyond one token per sequence
+        for seq in running:
+            del seq.spec_token_ids[max(spare, 0) :]
+            if not self.block_manager.can_append(seq):
+                seq.spec_token_ids = []
             if seq.status == SequenceStatus.RUNNING and self.make_room(seq):
                 self.block_manager.may_append(seq)
-                seq.num_scheduled_tokens = 1
+                seq.num_scheduled_tokens = 1 + len(seq.spec_token_ids)
+                spare -= len(seq.spec_token_ids)
                 self.block_manager.cache_blocks(seq, len(seq))
                 scheduled.append(seq)
         return [seq for seq in scheduled if seq.status == SequenceStatus.RUNNING]  # a victim may be among them
@@ -203,7 +212,7 @@ class Scheduler:
     def requeue(self, seq: Sequence) -> None:
         """Free seq's blocks and put it back in waiting, in queue order."""
         self.release(seq)
-        seq.status = SequenceStatus.WAITING
+        seq.status, seq.spec_token_ids = SequenceStatus.WAITING, []
         self.add(seq)
 
     def abort(self, seq: Sequence) -> None:
@@ -225,6 +234,50 @@ class Scheduler:
                     self.running.remove(seq)
             else:
                 self.requeue(seq)  # not a preemption: nothing chose to evict it
+
+    def accept_drafts(self, seqs: list[Sequence], token_ids: list[int | None]) -> list[int | None]:
+        """Record the drafts a step verified (speculative decoding), before `postprocess`; returns the token_ids
+        postprocess is to append (the same, but where a kept draft ends the request).
+
+        The step ran each sequence over its newest token and its drafts: seq.num_scheduled_tokens is 1 + the
+        number of drafts scheduled, and their keys and values are in the cache at the positions after
+        seq.num_computed_tokens. The sampler has left in `seq.spec_token_ids` the drafts it kept (a prefix of
+        them, maybe none) and `token_ids[i]` is the target's own token after them. For each sequence whose
+        token is not None and whose step went past its end (num_computed_tokens + num_scheduled_tokens >
+        len(seq): drafts were scheduled):
+        1. append the kept drafts to seq.token_ids one by one; if one ends the request (`finish_reason(seq,
+           self.eos_token_ids)` is not None after it is appended: a stop token, EOS), take it off again and
+           make it this sequence's token in the returned list, dropping the kept drafts after it and the
+           target's token;
+        2. roll back the rest: set `seq.num_scheduled_tokens = len(seq) - seq.num_computed_tokens`, so that
+           postprocess advances num_computed_tokens past the kept tokens only (the rejected drafts' keys and
+           values stay in their slots, to be overwritten: they are no longer counted as computed), give back the
+           blocks past what the sequence will hold after postprocess appends its token,
+           `self.block_manager.free_tail(seq, len(seq) + 1)`, and empty seq.spec_token_ids.
+        Other sequences (a prompt's chunk, a decode without drafts) keep their token as it is.
+
+        Example, blocks of 4: a running sequence of 6 tokens (num_computed_tokens 5) verified 3 drafts
+        (num_scheduled_tokens 4; blocks for 9 tokens: 3); the sampler kept 1 draft, 40, and gave token 41. Then
+        its tokens are the 6 and 40 (7), num_scheduled_tokens is 2, its block_table 2 blocks (for 8 tokens); it
+        returns [41], and postprocess makes it 8 tokens with
+        num_computed_tokens 7. Had 40 been the EOS id, it would return [40] with tokens the 6 only.
+        """
+        # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
+        # BEGIN EXERCISE 13.4: KV rollback — keep the accepted drafts, uncount and free what the rejected ones used
+        token_ids = list(token_ids)
+        for i, (seq, token) in enumerate(zip(seqs, token_ids)):
+            if token is None or seq.num_computed_tokens + seq.num_scheduled_tokens <= len(seq):
+                continue
+            kept, seq.spec_token_ids = seq.spec_token_ids, []
+            for draft in kept:
+                seq.token_ids.append(draft)
+                if finish_reason(seq, self.eos_token_ids):  # a kept draft ends the request: it is the last token
+                    token_ids[i] = seq.token_ids.pop()
+                    break
+            seq.num_scheduled_tokens = len(seq) - seq.num_computed_tokens
+            self.block_manager.free_tail(seq, len(seq) + 1)
+        return token_ids
+        # END EXERCISE
 
     def postprocess(self, seqs: list[Sequence], token_ids: list[int | None]) -> list[Sequence]:
         """Record a step that ran: `seqs` are the sequences it computed and `token_ids[i]` is the token sampled

@@ -30,6 +30,9 @@ class Sequence:
         self.num_computed_tokens = 0  # leading tokens whose keys/values are in the cache
         self.num_scheduled_tokens = 0  # tokens the current step computes
         self.block_table: list[int] = []
+        self.spec_token_ids: list[int] = []  # draft tokens the next step verifies (speculative decoding, chapter 13)
+        self.spec_probs: torch.Tensor | None = None  # [k, V]: the draft model's distributions they were drawn from
+        self.num_draft_tokens = self.num_accepted_tokens = 0  # drafts verified for this request, and kept
         self.sampling_params = sampling_params
         self.priority = priority
         self.generator: torch.Generator | None = None  # made from sampling_params.seed when first sampled
@@ -62,5 +65,6 @@ class Sequence:
 
     @property
     def samples_this_step(self) -> bool:
-        """Does the current step reach the end of the sequence (so its last logits give a new token)?"""
-        return self.num_computed_tokens + self.num_scheduled_tokens == len(self.token_ids)
+        """Does the current step reach the end of the sequence (so its last logits give a new token)? A step
+        that verifies drafts goes past it, over the drafts."""
+        return self.num_computed_tokens + self.num_scheduled_tokens >= len(self.token_ids)

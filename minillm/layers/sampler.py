@@ -76,15 +76,21 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     greedy = logits.argmax(dim=-1)
     if md.all_greedy:
         return greedy
-    logits = logits.float() / torch.where(md.temperatures > 0, md.temperatures, 1.0)[:, None]
-    if md.truncated_rows is not None:
-        logits[md.truncated_rows] = hot(apply_top_k_top_p)(logits[md.truncated_rows], md.top_k, md.top_p)
-    probs = logits.softmax(dim=-1)
+    probs = probabilities(logits, md)
     noise = torch.empty_like(probs).exponential_()
     for row, generator in md.generators.items():
         noise[row].exponential_(generator=generator)
     drawn = probs.div_(noise.clamp_min_(1e-10)).argmax(dim=-1)  # a zero draw would divide to inf or NaN
     return torch.where(md.temperatures > 0, drawn, greedy)
+
+
+def probabilities(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """Each row's distribution to draw from: softmax of the logits over the row's temperature (1 for greedy rows),
+    after top-k/top-p truncation; float32 [B, V]."""
+    logits = logits.float() / torch.where(md.temperatures > 0, md.temperatures, 1.0)[:, None]
+    if md.truncated_rows is not None:
+        logits[md.truncated_rows] = hot(apply_top_k_top_p)(logits[md.truncated_rows], md.top_k, md.top_p)
+    return logits.softmax(dim=-1)
 
 
 class Sampler(nn.Module):

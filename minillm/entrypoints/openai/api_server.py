@@ -6,6 +6,7 @@ Routes: /v1/completions, /v1/chat/completions (streamed as server-sent events wi
 """
 
 import argparse
+import json
 import signal
 import socket
 import sys
@@ -219,6 +220,12 @@ def parse_args(argv):
         action="store_false",
         help="a step is all prefill or all decode (chapter 06), not the running requests' tokens and prompt chunks",
     )
+    engine.add_argument(
+        "--speculative-config",
+        type=json.loads,
+        metavar="JSON",
+        help='speculative decoding (chapter 13), e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'',
+    )
     args = parser.parse_args(argv)
     if args.max_queue < 1:
         parser.error(f"--max-queue must be >= 1, got {args.max_queue}")
@@ -228,6 +235,7 @@ def parse_args(argv):
 def engine_options(args) -> dict:
     """LLM(...) keywords from the engine flags given."""
     given = {ours: getattr(args, flag) for flag, ours in ENGINE_FLAGS.items() if getattr(args, flag) is not None}
+    given |= {} if args.speculative_config is None else {"speculative_config": args.speculative_config}
     return given | ({} if args.mixed_steps else {"mixed_steps": False})
 
 

@@ -33,6 +33,11 @@ class PrometheusStatLogger:
             Counter, "vllm:prefix_cache_queries", "Prefix-cache queries, in prompt tokens looked up."
         )
         self.prefix_cache_hits = metric(Counter, "vllm:prefix_cache_hits", "Prefix-cache hits, in cached tokens.")
+        self.spec_decode = [  # speculative decoding (chapter 13), counted as in IterationStats.spec_decode
+            metric(Counter, "vllm:spec_decode_num_drafts", "Verify runs: a request's drafts checked in one step."),
+            metric(Counter, "vllm:spec_decode_num_draft_tokens", "Draft tokens verified."),
+            metric(Counter, "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted."),
+        ]
         self.time_to_first_token = metric(
             Histogram,
             "vllm:time_to_first_token_seconds",
@@ -61,6 +66,8 @@ class PrometheusStatLogger:
         self.num_preemptions.inc(iteration_stats.num_preempted_reqs)
         self.prefix_cache_queries.inc(iteration_stats.prefix_cache_queries)
         self.prefix_cache_hits.inc(iteration_stats.prefix_cache_hits)
+        for counter, value in zip(self.spec_decode, iteration_stats.spec_decode):
+            counter.inc(value)
         for histogram, values in (
             (self.time_to_first_token, iteration_stats.time_to_first_tokens_iter),
             (self.inter_token_latency, iteration_stats.inter_token_latencies_iter),

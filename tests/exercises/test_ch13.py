@@ -1,0 +1,182 @@
+"""Chapter 13 exercises: n-gram lookup (13.1), greedy verification (13.2), rejection sampling (13.3) and the KV
+rollback of rejected drafts (13.4).
+
+Each piece is checked on hand-made inputs, rejection sampling by the distribution of many seeded draws (a chi-square
+test against the target's own distribution), then the engine runs with your code and speculation on: greedy
+output must be the tokens the tiny model gives alone, with no KV block left behind.
+
+    python -m minillm.course grade 13
+"""
+
+import random
+
+import pytest
+import torch
+
+from minillm import LLM, SamplingParams
+from minillm.config import Config
+from minillm.course import use_impl
+from minillm.engine.block_manager import BlockManager
+from minillm.engine.scheduler import Scheduler
+from minillm.engine.sequence import Sequence
+from minillm.models import build_model
+from minillm.naive import generate_naive
+from minillm.spec_decode.metrics import chi_square_pvalue
+
+
+def plain_lookup(ids, k, n_max, n_min):
+    """n-gram lookup written as plainly as possible: the reference for random inputs."""
+    for n in range(min(n_max, len(ids) - 1), n_min - 1, -1):
+        for i in range(len(ids) - n - 1, -1, -1):
+            if ids[i : i + n] == ids[len(ids) - n :]:
+                return ids[i + n : i + n + k]
+    return []
+
+
+@pytest.mark.exercise("13.1")
+def test_lookup_finds_the_most_recent_earlier_occurrence(impl):
+    assert impl.ngram_propose([1, 2, 3, 4, 1, 2], 2, 2, 1) == [3, 4]
+    assert impl.ngram_propose([5, 1, 2, 9, 1, 2, 7, 1, 2], 3, 2, 2) == [7, 1, 2], "the most recent occurrence"
+    assert impl.ngram_propose([1, 2, 3], 4, 3, 1) == [], "no earlier occurrence: no drafts"
+    assert impl.ngram_propose([7], 3, 2, 1) == [], "one token has nothing before it"
+
+
+@pytest.mark.exercise("13.1")
+def test_lookup_prefers_the_longest_match_and_stops_at_the_end(impl):
+    ids = [4, 2, 3, 8, 9, 1, 2, 3, 6, 2, 3]
+    assert impl.ngram_propose(ids, 2, 1, 1) == [6, 2], "n=1: the newest token, 3, occurred last at 7, before 6, 2"
+    assert impl.ngram_propose([9, 5, 6, 1, 5, 6, 2, 9, 5, 6], 1, 3, 1) == [1], (
+        "[9, 5, 6] matches at 0 (followed by 1): the longest n wins over the more recent [5, 6] at 4"
+    )
+    assert impl.ngram_propose([3, 3, 3], 5, 2, 1) == [3], "the drafts stop where the text ends"
+    rng = random.Random(0)
+    for _ in range(300):
+        ids = [rng.randrange(4) for _ in range(rng.randrange(1, 30))]
+        k, n_min = rng.randrange(1, 6), rng.randrange(1, 4)
+        n_max = n_min + rng.randrange(0, 3)
+        assert impl.ngram_propose(ids, k, n_max, n_min) == plain_lookup(ids, k, n_max, n_min), (ids, k, n_max, n_min)
+
+
+@pytest.mark.exercise("13.2")
+def test_greedy_accept_keeps_the_agreeing_prefix_then_the_targets_token(impl):
+    assert impl.greedy_accept([5, 6, 7, 8], [5, 6, 9]) == [5, 6, 7]
+    assert impl.greedy_accept([4, 6], [5]) == [4], "the first draft wrong: only the target's token"
+    assert impl.greedy_accept([5, 6, 7], [5, 6]) == [5, 6, 7], "all right: the bonus token too"
+    assert impl.greedy_accept([3], []) == [3]
+    assert impl.greedy_accept([1, 2, 3], [1, 9]) == [1, 2], "the target's token replaces the first wrong draft"
+
+
+def draws(impl, target, drafts, draft_probs, n, seed=0):
+    """The first token rejection_sample keeps, over n seeded draws."""
+    g = torch.Generator().manual_seed(seed)
+    return [impl.rejection_sample(target, drafts, draft_probs, g)[0] for _ in range(n)]
+
+
+@pytest.mark.exercise("13.3")
+def test_a_looked_up_draft_leaves_the_targets_distribution_unchanged(impl):
+    p = torch.tensor([[0.5, 0.3, 0.15, 0.05, 0.0], [0.2, 0.2, 0.2, 0.2, 0.2]])
+    for draft in (0, 3, 4):  # a likely draft, an unlikely one, one the target never picks
+        counts = torch.bincount(torch.tensor(draws(impl, p, [draft], None, 4000)), minlength=5)
+        assert counts[4] == 0, "a token of probability 0 must never come out"
+        assert chi_square_pvalue(counts, p[0]) > 0.001, (
+            f"draft {draft}: the first token's counts {counts.tolist()} are not distributed as p {p[0].tolist()}"
+        )
+
+
+@pytest.mark.exercise("13.3")
+def test_a_drawn_draft_is_corrected_by_the_residual(impl):
+    p = torch.tensor([[0.1, 0.6, 0.3], [0.3, 0.3, 0.4]])
+    q = torch.tensor([[0.7, 0.2, 0.1]])  # a draft model that is often wrong: its favourite is the target's least
+    g, first = torch.Generator().manual_seed(1), []
+    for _ in range(4000):
+        d = int(torch.multinomial(q[0], 1, generator=g))
+        first.append(impl.rejection_sample(p, [d], q, g)[0])
+    assert chi_square_pvalue(torch.bincount(torch.tensor(first), minlength=3), p[0]) > 0.001
+
+
+@pytest.mark.exercise("13.3")
+def test_accepted_drafts_are_followed_by_the_bonus_and_the_seed_is_honoured(impl):
+    p = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    g = torch.Generator().manual_seed(0)
+    assert impl.rejection_sample(p, [1, 2], None, g) == [1, 2, 0], "certain drafts are kept, then the bonus"
+    assert impl.rejection_sample(p, [0, 2], None, g) == [1], "a draft of probability 0 is replaced, the rest dropped"
+    mixed = torch.full((3, 3), 1 / 3)
+    assert draws(impl, mixed, [0, 1], None, 50, seed=7) == draws(impl, mixed, [0, 1], None, 50, seed=7), (
+        "the same generator seed must give the same tokens: pass generator= to every draw"
+    )
+
+
+def scheduler(num_blocks=16, block_size=4):
+    return Scheduler(Config(new_token_ratio=0.0), BlockManager(num_blocks, block_size), eos_token_ids=[0])
+
+
+def verified(s, prompt, drafts, kept):
+    """A running sequence of `prompt` with one sampled token, after a step that verified `drafts` and kept `kept`."""
+    seq = Sequence(prompt)
+    s.add(seq)
+    seqs, _ = s.schedule()
+    s.postprocess(seqs, [5])
+    seq.spec_token_ids = list(drafts)
+    seqs, _ = s.schedule()
+    assert seq.num_scheduled_tokens == 1 + len(drafts)
+    seq.spec_token_ids = list(kept)  # what the sampler leaves
+    return seq
+
+
+@pytest.mark.exercise("13.4")
+def test_rollback_keeps_the_accepted_drafts_and_frees_the_rest(impl):
+    with use_impl(impl, "13.4"):
+        s = scheduler()
+        seq = verified(s, [1, 2, 3, 4, 5], [40, 50, 60], kept=[40])
+        assert len(seq.block_table) == 3
+        assert s.accept_drafts([seq], [41]) == [41]
+        num_scheduled, blocks = seq.num_scheduled_tokens, len(seq.block_table)
+        assert seq.token_ids == [1, 2, 3, 4, 5, 5, 40] and seq.spec_token_ids == []
+        assert num_scheduled == 2, "the newest token and the kept draft are computed; the rejected ones are not"
+        assert blocks == 2, "blocks for the 8 tokens after postprocess; the third held only rejected drafts"
+        free = s.block_manager.num_free_blocks
+        assert free == 14
+        s.postprocess([seq], [41])
+        assert seq.num_computed_tokens == 7 and len(seq) == 8
+
+
+@pytest.mark.exercise("13.4")
+def test_a_kept_draft_that_ends_the_request_is_its_last_token(impl):
+    with use_impl(impl, "13.4"):
+        s = scheduler()
+        seq = verified(s, [1, 2, 3, 4, 5], [40, 0, 60], kept=[40, 0])
+        out = s.accept_drafts([seq], [61])
+        tokens, num_scheduled = seq.token_ids, seq.num_scheduled_tokens
+        assert out == [0], "EOS (id 0) among the kept drafts ends it: EOS is the token, what follows is dropped"
+        assert tokens == [1, 2, 3, 4, 5, 5, 40] and num_scheduled == 2
+        plain = Sequence([7, 8])
+        s.add(plain)
+        seqs, _ = s.schedule()
+        assert s.accept_drafts([plain], [9]) == [9] and plain.num_scheduled_tokens == 2, (
+            "a sequence that verified no drafts (a prompt) is left as it is"
+        )
+
+
+@pytest.fixture(scope="module")
+def engine_reference(tiny_checkpoint):
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, 256, (n,), generator=g).tolist() for n in (30, 5, 18, 11)]
+    prompts.append(prompts[0][:10] * 3)  # repeats: lookup finds long matches
+    model = build_model(tiny_checkpoint)
+    return prompts, [list(generate_naive(model, p, 24)) for p in prompts]
+
+
+@pytest.mark.parametrize(
+    "exercise", [pytest.param(e, marks=pytest.mark.exercise(e)) for e in ("13.1", "13.2", "13.4")]
+)
+def test_the_engine_speculates_on_your_code(impl, tiny_checkpoint, engine_reference, exercise):
+    prompts, expected = engine_reference
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    with use_impl(impl, exercise):
+        llm = LLM(tiny_checkpoint, kvcache_block_size=4, num_kvcache_blocks=40, speculative_config=spec)
+        outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
+    assert [o.token_ids for o in outputs] == expected, "greedy speculation must give the tokens of plain decoding"
+    stats = llm.spec_stats
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens, "drafts were both kept and rolled back"
+    free = llm.block_manager.num_free_blocks
+    assert free == 40, "no KV block is left behind"

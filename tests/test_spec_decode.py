@@ -1,0 +1,134 @@
+"""Speculative decoding (chapter 13) beyond the exercises: the settings' errors, the draft-model proposer, and the
+proof that sampling is unchanged: many seeded draws from a small-vocabulary model with speculation on follow the
+model's exact distribution (chi-square), and a deliberately wrong residual rule is caught by the same test."""
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from minillm import LLM, SamplingParams, default_model_path
+from minillm.config import draft_model_path
+from minillm.layers import rejection_sampler
+from minillm.models import build_model
+from minillm.naive import generate_naive
+from minillm.spec_decode.metrics import chi_square_pvalue
+
+GREEDY = SamplingParams(temperature=0, max_tokens=40)
+
+
+@pytest.mark.parametrize(
+    "spec,error",
+    [
+        ({"method": "medusa", "num_speculative_tokens": 2}, "method must be one of ngram, draft_model"),
+        ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens must be an integer >= 1"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2}, "<="),
+        ({"method": "draft_model", "num_speculative_tokens": 2}, 'needs "model"'),
+        ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 3}, "keys among"),
+    ],
+)
+def test_bad_speculative_configs_are_refused_naming_the_field(spec, error):
+    with pytest.raises(ValueError, match=error):
+        LLM(speculative_config=spec)
+
+
+def test_a_draft_with_another_vocabulary_is_refused(tiny_checkpoint):
+    with pytest.raises(ValueError, match="share the target's tokenizer"):
+        LLM(speculative_config={"method": "draft_model", "model": str(tiny_checkpoint), "num_speculative_tokens": 2})
+
+
+@pytest.fixture(scope="module")
+def stories():
+    from minillm.data import heldout_openings
+    from minillm.tokenizer import Tokenizer
+
+    tok, model = Tokenizer(default_model_path()), build_model(default_model_path())
+    prompts = [tok.encode(o) for o in heldout_openings(5)]
+    prompts.append(prompts[0] + prompts[0][1:])  # a prefix the cache holds
+    eos = [tok.eos_token_id]
+    return prompts, [list(generate_naive(model, p, GREEDY.max_tokens, eos_token_ids=eos)) for p in prompts]
+
+
+@pytest.mark.parametrize("draft", ["itself"])
+@pytest.mark.parametrize("blocks", [None, 40])  # 40 blocks of 4: the target preempts
+def test_draft_model_speculation_gives_the_plain_greedy_tokens(stories, draft, blocks):
+    prompts, expected = stories
+    model = default_model_path() if draft == "itself" else draft_model_path()
+    kwargs = dict(num_kvcache_blocks=blocks, kvcache_block_size=4) if blocks else {}
+    spec = {"method": "draft_model", "model": str(model), "num_speculative_tokens": 4}
+    llm = LLM(speculative_config=spec, **kwargs)
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in outputs] == expected
+    stats = llm.spec_stats
+    if draft == "itself":  # the target guessing itself is always right
+        assert stats.acceptance_rate == 1.0 and stats.mean_acceptance_length > 4
+    else:
+        assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    assert sum(o.num_draft_tokens for o in outputs) == stats.num_draft_tokens
+    assert llm.block_manager.num_free_blocks == len(llm.block_manager.blocks)
+    draft_cache = llm.proposer.block_manager
+    assert draft_cache.num_free_blocks == len(draft_cache.blocks) and not llm.proposer.mirrors, "the draft's cache leaks"
+
+
+@pytest.fixture(scope="module")
+def small_vocab(tmp_path_factory):
+    """A random Qwen3 over 8 tokens: every token has a fair chance, so a sample of a few thousand tells
+    distributions apart."""
+    path = tmp_path_factory.mktemp("vocab8")
+    config = Qwen3Config(
+        vocab_size=8,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=64,
+        initializer_range=0.3,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def exact_pairs(path, prompt) -> torch.Tensor:
+    """The model's exact probability of each first two tokens (t1, t2) after prompt, flattened to t1 * 8 + t2."""
+    model = build_model(path)
+    with torch.no_grad():
+        logits = lambda ids: model.compute_logits(model(torch.tensor(ids), torch.arange(len(ids)))[-1])
+        p1 = logits(prompt).softmax(-1)
+        return torch.cat([p1[t] * logits(prompt + [t]).softmax(-1) for t in range(8)])
+
+
+def pair_counts(path, prompt, n=4000) -> torch.Tensor:
+    """(t1, t2) of n seeded requests at temperature 1 with n-gram speculation: every token occurs in the prompt,
+    so lookup always proposes the token that followed it there, and step 2 is a verify step."""
+    spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 1, "prompt_lookup_min": 1}
+    llm = LLM(path, skip_tokenizer_init=True, speculative_config=spec, max_num_seqs=256, num_kvcache_blocks=2048)
+    params = [SamplingParams(temperature=1.0, max_tokens=3, seed=i, ignore_eos=True) for i in range(n)]
+    outputs = llm.generate([prompt] * n, params, use_tqdm=False)
+    assert llm.spec_stats.num_draft_tokens >= n, "every request verified a draft at its second token"
+    return torch.bincount(torch.tensor([o.token_ids[0] * 8 + o.token_ids[1] for o in outputs]), minlength=64)
+
+
+PROMPT = [3, 0, 1, 2, 3, 4, 5, 6, 7, 5, 2]
+
+
+def test_sampling_with_speculation_follows_the_models_distribution(small_vocab):
+    assert chi_square_pvalue(pair_counts(small_vocab, PROMPT), exact_pairs(small_vocab, PROMPT)) > 0.01
+
+
+def test_the_same_test_catches_a_wrong_residual_rule(small_vocab, monkeypatch):
+    """Wrong on purpose: on rejection, redraw from the target's whole distribution (the draft token included)
+    instead of the residual max(p - q, 0): the draft token comes out too often."""
+    right = rejection_sampler.rejection_sample
+
+    def wrong(target_probs, draft_ids, draft_probs, generator):
+        tokens = right(target_probs, draft_ids, draft_probs, generator)
+        kept = next((i for i, (t, d) in enumerate(zip(tokens, draft_ids)) if t != d), None)
+        if kept is not None:  # rejected at `kept`: draw again from p, the draft token allowed
+            tokens[kept] = torch.multinomial(target_probs[kept], 1, generator=generator).item()
+        return tokens
+
+    monkeypatch.setattr(rejection_sampler, "rejection_sample", wrong)
+    assert chi_square_pvalue(pair_counts(small_vocab, PROMPT), exact_pairs(small_vocab, PROMPT)) < 0.01

@@ -48,7 +48,7 @@ def stories():
     return prompts, [list(generate_naive(model, p, GREEDY.max_tokens, eos_token_ids=eos)) for p in prompts]
 
 
-@pytest.mark.parametrize("draft", ["itself"])
+@pytest.mark.parametrize("draft", ["itself", "shipped draft"])
 @pytest.mark.parametrize("blocks", [None, 40])  # 40 blocks of 4: the target preempts
 def test_draft_model_speculation_gives_the_plain_greedy_tokens(stories, draft, blocks):
     prompts, expected = stories

@@ -80,9 +80,10 @@ def counters(monkeypatch):
     return counts
 
 
-# every architecture with the default settings; every setting on one (scheduling ignores the architecture)
-CASES = [(name, "default") for name in sorted(CONFIGS)] + [
-    ("qwen3-gqa-tied", s) for s in sorted(SETTINGS) if s != "default"
+# every architecture with the default settings and with speculation; every setting on one (scheduling ignores the
+# architecture)
+CASES = [(name, s) for name in sorted(CONFIGS) for s in ("default", "ngram")] + [
+    ("qwen3-gqa-tied", s) for s in sorted(SETTINGS) if s not in ("default", "ngram")
 ]
 
 

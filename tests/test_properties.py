@@ -31,8 +31,8 @@ from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.scheduler import Scheduler
 from minillm.engine.sequence import SequenceStatus
 from minillm.layers.rejection_sampler import greedy_accept
-from minillm.spec_decode.metrics import SpecDecodingStats
 from minillm.naive import generate_cached
+from minillm.spec_decode.metrics import SpecDecodingStats
 
 BS = 4  # tokens per KV block
 SIM_VOCAB, SIM_EOS = 64, 0

@@ -179,3 +179,22 @@ def test_the_converted_weights_are_transformers_unpermuted_gguf_tensors(path, tr
                 parsed_parameters={},
             ).weights
             assert torch.equal(f.get_tensor(hf_name(t.name)), torch.from_numpy(np.ascontiguousarray(theirs))), t.name
+
+
+def test_speculation_gives_the_same_greedy_answers(llm, answers):
+    """N-gram speculation on the real model: the four answers (batched) and a rewrite task (alone), where lookup
+    finds long matches, token for token as without it."""
+    from minillm.bench.spec import REWRITE
+    from minillm.data import generate_corpus
+
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    fast = LLM(REAL_MODEL, num_kvcache_blocks=96, speculative_config=spec)
+    convs = [[{"role": "user", "content": q}] for q in QUESTIONS]
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+    assert [o.token_ids for o in fast.chat(convs, params, use_tqdm=False)] == [a.token_ids for a in answers]
+    rewrite = [{"role": "user", "content": REWRITE + generate_corpus(1, 5)[0]}]
+    plain_answer = llm.chat(rewrite, params, use_tqdm=False)[0]
+    before = fast.spec_stats.num_accepted_tokens
+    assert fast.chat(rewrite, params, use_tqdm=False)[0].token_ids == plain_answer.token_ids
+    assert fast.spec_stats.num_accepted_tokens - before > MAX_TOKENS // 2, "the copy was drafted by lookup"
+    assert fast.block_manager.num_free_blocks == 96

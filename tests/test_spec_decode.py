@@ -66,7 +66,9 @@ def test_draft_model_speculation_gives_the_plain_greedy_tokens(stories, draft, b
     assert sum(o.num_draft_tokens for o in outputs) == stats.num_draft_tokens
     assert llm.block_manager.num_free_blocks == len(llm.block_manager.blocks)
     draft_cache = llm.proposer.block_manager
-    assert draft_cache.num_free_blocks == len(draft_cache.blocks) and not llm.proposer.mirrors, "the draft's cache leaks"
+    assert draft_cache.num_free_blocks == len(draft_cache.blocks) and not llm.proposer.mirrors, (
+        "the draft's cache leaks"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -132,3 +134,20 @@ def test_the_same_test_catches_a_wrong_residual_rule(small_vocab, monkeypatch):
 
     monkeypatch.setattr(rejection_sampler, "rejection_sample", wrong)
     assert chi_square_pvalue(pair_counts(small_vocab, PROMPT), exact_pairs(small_vocab, PROMPT)) < 0.01
+
+
+def test_streaming_yields_every_token_of_a_step_and_closing_early_frees_both_caches(stories):
+    prompts, expected = stories
+    spec = {"method": "draft_model", "model": str(default_model_path()), "num_speculative_tokens": 3}
+    llm = LLM(speculative_config=spec)
+    tokens, finished = {}, []
+    for out in llm.stream(prompts[:3], GREEDY):
+        tokens.setdefault(out.index, []).append(out.token_id)
+        finished += [out.index] if out.finished else []
+    assert [tokens[i] for i in range(3)] == expected[:3] and sorted(finished) == [0, 1, 2]
+    stream = llm.stream(prompts[:2], GREEDY)
+    next(stream), next(stream)
+    stream.close()  # aborts both requests mid-way
+    draft_cache = llm.proposer.block_manager
+    assert llm.block_manager.num_free_blocks == len(llm.block_manager.blocks)
+    assert draft_cache.num_free_blocks == len(draft_cache.blocks) and not llm.proposer.mirrors

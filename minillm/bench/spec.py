@@ -2,8 +2,9 @@
 
 Each --speculative setting runs the same greedy requests as the plain engine, at each batch size (max_num_seqs =
 the batch, that many requests or --min-prompts, all queued at once), and must give the same tokens. Reported: output
-tokens/s of each, the speedup, the drafts' acceptance rate and the mean tokens a verify run yields; and the batch
-size from which speculation stops paying (measured: the first batch where its speedup falls below 1).
+tokens/s of each (prefills included) and the speedup; the mean TPOT (time per output token after the first, the
+decode rate a request sees) and its speedup; the drafts' acceptance rate and the mean tokens a verify run yields;
+and the batch size from which speculation stops paying (measured: the first batch where its speedup falls below 1).
 
 Workloads: stories (story openings; the default model), rewrite (a chat asking to repeat a story word for word:
 lookup finds long matches; for a chat model such as SmolLM2), random (random token ids, ignore_eos: lookup finds
@@ -85,8 +86,11 @@ def run(model: str, batch: int, spec: dict | None, workload: str, args) -> dict:
         best = seconds if best is None else min(best, seconds)
     num_tokens = sum(len(o.token_ids) for o in outputs)
     stats = llm.spec_stats
+    # TPOT: a request's time per output token after its first (as vLLM reports it), weighted by its tokens
+    tpot = sum(o.finish_time - o.first_token_time for o in outputs) / max(1, num_tokens - len(outputs))
     return dict(
         output_tokens_per_second=num_tokens / best,
+        tpot_ms=tpot * 1000,
         seconds=best,
         num_requests=len(prompts),
         output_tokens=num_tokens,
@@ -124,18 +128,20 @@ def main(argv: list[str]) -> dict:
     for batch in args.batch_sizes:
         base = run(model, batch, None, args.workload, args)
         results.setdefault("plain", {})[batch] = base
-        print(f"batch {batch:>3}: plain {base['output_tokens_per_second']:8.1f} tok/s")
+        print(f"batch {batch:>3}: plain {base['output_tokens_per_second']:8.1f} tok/s, TPOT {base['tpot_ms']:.1f} ms")
         for label, spec in args.speculative:
             r = run(model, batch, spec, args.workload, args)
             if r["token_ids"] != base["token_ids"]:
                 raise AssertionError(f"{label} at batch {batch} gave other tokens than the plain engine (greedy)")
             r["speedup"] = r["output_tokens_per_second"] / base["output_tokens_per_second"]
+            r["tpot_speedup"] = base["tpot_ms"] / r["tpot_ms"]
             results.setdefault(label, {})[batch] = r
             if r["speedup"] < 1:
                 stops.setdefault(label, batch)
             print(
-                f"batch {batch:>3}: {label:<14} {r['output_tokens_per_second']:8.1f} tok/s  {r['speedup']:.2f}x  "
-                f"acceptance {r['acceptance_rate'] or 0:.0%}, {r['mean_acceptance_length'] or 1:.2f} tokens per verify"
+                f"batch {batch:>3}: {label:<14} {r['output_tokens_per_second']:8.1f} tok/s  {r['speedup']:.2f}x, "
+                f"TPOT {r['tpot_ms']:.1f} ms ({r['tpot_speedup']:.2f}x)  acceptance {r['acceptance_rate'] or 0:.0%}, "
+                f"{r['mean_acceptance_length'] or 1:.2f} tokens per verify"
             )
     for runs in results.values():
         for r in runs.values():

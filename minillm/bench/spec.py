@@ -178,6 +178,8 @@ def plot_speedup(results: dict, title: str, path: Path) -> None:
             ax.plot(list(runs), [r["speedup"] for r in runs.values()], marker="o", label=label)
     ax.axhline(1, color="grey", lw=1, ls="--")
     ax.set_xscale("log", base=2)
+    batches = sorted({b for runs in results.values() for b in runs})
+    ax.set_xticks(batches, [str(b) for b in batches])
     ax.set(xlabel="batch size (requests decoding together)", ylabel="speedup over no speculation")
     ax.legend()
     save(fig, title, path)

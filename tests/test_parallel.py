@@ -117,6 +117,16 @@ def test_tp2_gives_the_tokens_of_one_process(tp2, expected):
     assert tp2.block_manager.num_free_blocks == len(tp2.block_manager.blocks)
 
 
+def test_tp2_verifies_drafts_as_one_process(tmp_path):
+    """Speculative decoding under tensor parallelism: a verify step goes to every rank; rank 0 accepts."""
+    make_checkpoint("qwen3-gqa-tied", tmp_path)
+    prompts = [[1, 2, 3, 4, 5, 1, 2, 3], [9, 8, 7, 9, 8], list(range(40, 60))]
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
+    with LLM(tmp_path) as one, LLM(tmp_path, tensor_parallel_size=2, speculative_config=spec) as two:
+        assert tokens(two, prompts) == tokens(one, prompts)
+        assert two.spec_stats.num_accepted_tokens > 0
+
+
 def test_tp2_on_an_untied_gqa_oracle_model(tmp_path):
     make_checkpoint("qwen3-gqa-untied", tmp_path)
     prompts = [[5, 80, 13, 200, 7], [1, 2, 3], list(range(40, 90))]

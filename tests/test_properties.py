@@ -284,6 +284,9 @@ class SimProposer:
                 ids.append((next_token(ids) + (len(ids) % 3 == 0)) % SIM_VOCAB)
             seq.spec_token_ids = ids[len(seq) :]
 
+    def release(self, seqs) -> None:
+        """Nothing to free: like NgramProposer, it keeps no state between steps."""
+
 
 def sim_engine(w: Workload, manager=BlockManager) -> LLMEngine:
     """The real LLMEngine (add_request, step with its rollback, abort_request), Scheduler and BlockManager, with a

@@ -147,8 +147,10 @@ def main(argv: list[str]) -> dict:
         for r in runs.values():
             del r["token_ids"]
     for label, _ in args.speculative:
-        where = f"from batch {stops[label]}" if label in stops else f"nowhere up to batch {max(args.batch_sizes)}"
-        print(f"{label}: stops paying {where}")
+        if label in stops:
+            print(f"{label}: stops paying from batch {stops[label]}")
+        else:
+            print(f"{label}: paid at every batch size measured (up to {max(args.batch_sizes)})")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     record = dict(
         created=stamp,

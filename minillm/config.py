@@ -30,6 +30,8 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3"
 DEQUANTIZED_METHODS = ("gguf",)
 ROPE_TYPES = ("default", "linear", "llama3")  # what minillm.layers.rotary implements
 DTYPES = ("float32", "bfloat16", "float16")  # what the model may compute in
+QUANTIZATION_METHODS = ("int8", "gguf")  # Config.quantization (minillm.quantization)
+KV_CACHE_DTYPES = ("auto", "int8")  # Config.kv_cache_dtype
 
 
 def resolve_dtype(dtype: str, device: str, checkpoint_dtype: str | None) -> str:
@@ -215,6 +217,13 @@ class Config:
     # chapter 13, vLLM's name: {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": n,
     # "prompt_lookup_min": m}, or {"method": "draft_model", "model": ID|DIR, "num_speculative_tokens": k}
     speculative_config: dict | None = None
+    # chapter 14, vLLM's name: "int8" (each weight matrix quantized at load, int8 with a scale per output row) or
+    # "gguf" (a GGUF file's Q8_0, Q4_0 and Q4_1 tensors kept in their blocks); None: the checkpoint's floats.
+    # A model given as a .gguf file, or a known hub id with quantization="gguf", loads from its GGUF file.
+    quantization: str | None = None
+    # chapter 14, vLLM's name: "auto" keeps keys and values in the model's dtype; "int8" stores them as int8 with a
+    # float32 scale per token and KV head (a little over a quarter of float32's bytes: about 3.5x the tokens fit)
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self):
         for name in (
@@ -242,5 +251,16 @@ class Config:
             from minillm.spec_decode import SpeculativeConfig
 
             SpeculativeConfig.from_dict(self.speculative_config)  # raises, naming the bad field
+        if self.quantization not in (None, *QUANTIZATION_METHODS):
+            raise ValueError(
+                f"quantization must be None or one of {', '.join(QUANTIZATION_METHODS)}, got {self.quantization!r}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if self.quantization and self.tensor_parallel_size > 1:
+            raise ValueError(
+                f"quantization={self.quantization!r} runs on one rank only: set tensor_parallel_size=1, or drop "
+                "quantization to split the float weights across ranks"
+            )
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")

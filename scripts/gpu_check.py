@@ -12,6 +12,8 @@ Checks (each one is recorded with its status and time; one that fails does not s
   long_context   a 32k max_model_len: a 30k-token prompt prefilled in chunks, then one sharing a 28k cached prefix,
                  each within a memory bound, token-identical to one unchunked, uncached prefill; the torch backend's
                  graphs refused at that width
+  quantization   int8 weights and a Q4_1 GGUF through the Triton kernel against torch ops, the int8 KV cache, the
+                 Triton quantized-matmul tests compiled
   kv_budget      the KV cache sized from gpu_memory_utilization holds under the largest steps and sampling
   tensor_parallel  TP=2 over NCCL against one GPU (two GPUs or more)
   bench          the ladder and the roofline on the real model (SmolLM2-135M-Instruct), or the default model
@@ -179,6 +181,36 @@ def check_long_context(args) -> dict:
     return result
 
 
+def check_quantization(args) -> dict:
+    """int8 weights and a Q4_1 GGUF through the Triton kernel against the same weights through torch ops
+    (quant_linear_torch, native_kernels=False), and the int8 KV cache against the float one; the kernels' own
+    tests compiled (tests/test_quant_triton.py with TRITON_INTERPRET=0)."""
+    from minillm.bench.gguf_export import export
+    from minillm.config import default_model_path
+
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_quant_triton.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if run.returncode:
+        raise AssertionError("\n".join(run.stdout.strip().splitlines()[-30:]))
+    batch, result = prompts(args.n, 16, 128, seed=3), {"kernel_tests": run.stdout.strip().splitlines()[-1]}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, model, options in [
+            ("int8", None, {"quantization": "int8"}),
+            ("q4_1", export(default_model_path(), Path(tmp), "q4_1"), {}),
+        ]:
+            ref, s_ref = greedy(engine(args, model, dtype="float32", native_kernels=False, **options), batch)
+            out, s_out = greedy(engine(args, model, dtype="float32", **options), batch)
+            result[name] = {"seconds_torch": s_ref, "seconds_triton": s_out, "agreement": agreement(ref, out)}
+    plain, _ = greedy(engine(args, dtype="float32"), batch)
+    int8_kv, _ = greedy(engine(args, dtype="float32", kv_cache_dtype="int8"), batch)
+    return result | {"kv_cache_int8": agreement(plain, int8_kv)}
+
+
 def check_kv_budget(args) -> dict:
     if args.device != "cuda":
         return {"skipped": "the budget is measured on CUDA only"}
@@ -252,6 +284,7 @@ CHECKS = {
     "graphs": check_graphs,
     "backends": check_backends,
     "long_context": check_long_context,
+    "quantization": check_quantization,
     "kv_budget": check_kv_budget,
     "tensor_parallel": check_tensor_parallel,
     "bench": check_bench,

@@ -11,6 +11,7 @@ python -m minillm.bench --roofline --random-size 100m --peer llama-cpp  # and ll
 python -m minillm.bench --sizes tiny,25m,100m --backends minillm,hf-generate  # cost against size
 python -m minillm.bench serve --launch minillm,vllm   # online over HTTP, both servers (python -m minillm.bench serve -h)
 python -m minillm.bench spec --workload rewrite --model ID   # speculative decoding against none, by batch size
+python -m minillm.bench quant --random-size 100m --peer llama-cpp  # fp32, int8, GGUF blocks: decode and quality
 """
 
 import argparse
@@ -42,7 +43,7 @@ from minillm.bench.report import (
     write_json,
 )
 from minillm.bench.workloads import Workload
-from minillm.config import Config, ModelConfig, resolve_dtype
+from minillm.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS, Config, ModelConfig, resolve_dtype
 from minillm.engine.kv_cache import kv_cache_bytes_per_token
 
 # name -> run(models, workload, warmup, args) -> Run; they run in this order, minillm first
@@ -138,7 +139,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m.add_argument(
         "--model",
         metavar="DIR|ID",
-        help="a Hugging Face checkpoint directory, or a hub id minillm "
+        help="a Hugging Face checkpoint directory, a .gguf file, or a hub id minillm "
         "obtains offline (python -m minillm.models list), e.g. HuggingFaceTB/SmolLM2-135M-Instruct",
     )
     m.add_argument("--random-size", choices=list(RANDOM_SIZES), help="a random-weight Qwen3, made for this run")
@@ -147,6 +148,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     e.add_argument("--max-num-batched-tokens", **n)
     e.add_argument("--kvcache-block-size", **n)
     e.add_argument("--static-batch-size", **n, help="minillm-static (default: max_num_seqs)")
+    e.add_argument(
+        "--quantization",
+        choices=QUANTIZATION_METHODS,
+        help="minillm's weights: int8 (quantized at load) or gguf (a .gguf --model, or a hub id that ships as one, "
+        "in its blocks); default: the checkpoint's floats",
+    )
+    e.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, help="minillm's KV cache: auto (default) or int8")
     e.add_argument(
         "--hf-batch-size",
         type=hf_batch_size,
@@ -283,7 +291,7 @@ def engine_options(args, path: Path, workload: Workload) -> dict:
     checkpoint has no tokenizer (a random model)."""
     options = {
         name: getattr(args, name)
-        for name in ("max_num_seqs", "max_num_batched_tokens", "kvcache_block_size")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "kvcache_block_size", "quantization", "kv_cache_dtype")
         if getattr(args, name) is not None
     } | {"device": args.device}
     block_size = options.get("kvcache_block_size", Config.kvcache_block_size)
@@ -497,7 +505,7 @@ def bench(args, random_size: str | None) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark; print the tables, write the JSON record (and the plot); return the record.
     `serve ...` runs the online benchmark over HTTP instead (minillm.bench.serve), `spec ...` speculative decoding
-    against the plain engine (minillm.bench.spec)."""
+    against the plain engine (minillm.bench.spec), `quant ...` quantized weights against fp32 (minillm.bench.quant)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:
         from minillm.bench import serve  # imports this module's helpers
@@ -507,6 +515,10 @@ def main(argv: list[str] | None = None) -> dict:
         from minillm.bench import spec
 
         return spec.main(argv[1:])
+    if argv[:1] == ["quant"]:
+        from minillm.bench import quant
+
+        return quant.main(argv[1:])
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -1,4 +1,5 @@
-"""Write a Qwen3 checkpoint as an fp32 GGUF file, the format llama.cpp runs, with the `gguf` package.
+"""Write a Qwen3 checkpoint as a GGUF file, the format llama.cpp runs, with the `gguf` package: fp32, or its
+matrices in llama.cpp's Q8_0, Q4_0 or Q4_1 blocks (chapter 14).
 
 So that llama.cpp is compared with minillm on the very same weights: no conversion of precision (every tensor
 F32), no permutation (Qwen3's rotary embedding is the NEOX kind, rotating the two halves of each head, which
@@ -10,7 +11,7 @@ tensor names; a GGUF stores each matrix with its dimensions reversed, which is w
 The benchmark feeds token ids, so the file has no real tokenizer: tokenizer.ggml.model = "none" with
 qwen3.vocab_size set, which llama.cpp loads as that many dummy tokens (no BOS, EOS or merges to supply).
 
-    python -m minillm.bench.gguf_export CHECKPOINT_DIR OUT_DIR
+    python -m minillm.bench.gguf_export CHECKPOINT_DIR OUT_DIR [f32|q8_0|q4_0|q4_1]
 """
 
 import hashlib
@@ -47,9 +48,14 @@ def checkpoint_digest(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def write_gguf(path: Path, out: Path) -> Path:
-    """Write checkpoint `path` (a Qwen3: config.json and *.safetensors) to the GGUF file `out`, every tensor
-    F32. A tied LM head is stored once (token_embd), which llama.cpp reuses as its output matrix."""
+FILE_TYPES = {"f32": "ALL_F32", "q8_0": "MOSTLY_Q8_0", "q4_0": "MOSTLY_Q4_0", "q4_1": "MOSTLY_Q4_1"}
+
+
+def write_gguf(path: Path, out: Path, outtype: str = "f32") -> Path:
+    """Write checkpoint `path` (a Qwen3: config.json and *.safetensors) to the GGUF file `out`: every tensor F32,
+    or with outtype "q8_0", "q4_0" or "q4_1" every matrix in those blocks (quantized by the gguf package, as
+    llama.cpp's converter does; the norms stay F32). A tied LM head is stored once (token_embd), which llama.cpp
+    reuses as its output matrix."""
     import gguf
 
     cfg = ModelConfig.from_pretrained(path)
@@ -61,7 +67,8 @@ def write_gguf(path: Path, out: Path) -> Path:
     tmp = out.with_name(out.name + ".part")
     writer = gguf.GGUFWriter(tmp, "qwen3")
     writer.add_name(path.name)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(getattr(gguf.LlamaFileType, FILE_TYPES[outtype]))
+    qtype = None if outtype == "f32" else getattr(gguf.GGMLQuantizationType, outtype.upper())
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
     writer.add_block_count(cfg.num_hidden_layers)
@@ -79,7 +86,12 @@ def write_gguf(path: Path, out: Path) -> Path:
             for name in f.keys():
                 if name == "lm_head.weight" and cfg.tie_word_embeddings:
                     continue
-                writer.add_tensor(gguf_name(name), f.get_tensor(name).to(torch.float32).numpy())
+                tensor = f.get_tensor(name).to(torch.float32).numpy()
+                if qtype is None or tensor.ndim != 2:
+                    writer.add_tensor(gguf_name(name), tensor)
+                else:
+                    blocks = gguf.quants.quantize(tensor, qtype)
+                    writer.add_tensor(gguf_name(name), blocks, raw_shape=blocks.shape, raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -88,14 +100,14 @@ def write_gguf(path: Path, out: Path) -> Path:
     return out
 
 
-def export(path: Path, cache_dir: Path) -> Path:
-    """The checkpoint's fp32 GGUF in cache_dir, written on first use (named by a hash of the checkpoint, so a
-    random model made again with the same seed finds its file)."""
-    out = Path(cache_dir) / f"qwen3-f32-{checkpoint_digest(Path(path))}.gguf"
-    return out if out.is_file() else write_gguf(Path(path), out)
+def export(path: Path, cache_dir: Path, outtype: str = "f32") -> Path:
+    """The checkpoint's GGUF (write_gguf's outtype) in cache_dir, written on first use (named by a hash of the
+    checkpoint, so a random model made again with the same seed finds its file)."""
+    out = Path(cache_dir) / f"qwen3-{outtype}-{checkpoint_digest(Path(path))}.gguf"
+    return out if out.is_file() else write_gguf(Path(path), out, outtype)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
+    if len(sys.argv) not in (3, 4) or sys.argv[3:] and sys.argv[3] not in FILE_TYPES:
         raise SystemExit(__doc__)
-    print(export(Path(sys.argv[1]), Path(sys.argv[2])))
+    print(export(Path(sys.argv[1]), Path(sys.argv[2]), *sys.argv[3:]))

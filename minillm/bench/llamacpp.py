@@ -113,17 +113,36 @@ def run_both(path: Path, llm: LLM, gguf_path: Path, prompts: list[list[int]], ou
     }
 
 
-def compare(path: Path, llm: LLM, prompts: list[list[int]], output_len: int, cache_dir: Path | None = None) -> dict:
+def peer_gguf(path: Path, engine_options: dict, cache_dir: Path) -> tuple[Path, str]:
+    """The GGUF llama.cpp runs against minillm's engine options, and what it holds: minillm's own file when it
+    runs a GGUF's blocks (quantization="gguf"), Q8_0 written from the checkpoint against minillm's int8, else
+    fp32 written from the checkpoint."""
+    from minillm.bench.gguf_export import export
+    from minillm.models.hub import gguf_source
+
+    quantization = engine_options.get("quantization")
+    if quantization == "gguf":
+        return gguf_source(path), "the same GGUF file"
+    outtype = "q8_0" if quantization == "int8" else "f32"
+    return export(path, cache_dir, outtype), f"{outtype} GGUF of the same checkpoint"
+
+
+def compare(
+    path: Path,
+    llm: LLM,
+    prompts: list[list[int]],
+    output_len: int,
+    engine_options: dict | None = None,
+    cache_dir: Path | None = None,
+) -> dict:
     """llama.cpp against minillm at batch 1 on prompts (the first a warm-up): medians of prompt and decode
-    tokens/s, how many greedy outputs agree, minillm's ratios; the GGUF is cached in cache_dir (default
+    tokens/s, how many greedy outputs agree, minillm's ratios; a GGUF written here is cached in cache_dir (default
     results/gguf). {"llama_cpp": {"unavailable": why}} when llama-cpp-python is not installed."""
     if why := unavailable():
         print(f"llama.cpp peer skipped: {why}")
         return dict(llama_cpp=dict(unavailable=why))
-    from minillm.bench.gguf_export import export
-
     threads = torch.get_num_threads()
-    gguf_path = export(path, cache_dir or CACHE_DIR)
+    gguf_path, weights = peer_gguf(path, engine_options or {}, cache_dir or CACHE_DIR)
     runs = run_both(path, llm, gguf_path, prompts, output_len, threads)
     out = {}
     for name, run in runs.items():
@@ -135,14 +154,20 @@ def compare(path: Path, llm: LLM, prompts: list[list[int]], output_len: int, cac
         )
     ours, theirs = out["minillm"], out["llama_cpp"]
     same = sum(a == b for a, b in zip(runs["minillm"]["token_ids"], runs["llama_cpp"]["token_ids"]))
-    theirs |= dict(gguf=str(gguf_path), threads=threads, kv_cache="f32", same_tokens_as_minillm=same / len(prompts))
+    theirs |= dict(
+        gguf=str(gguf_path),
+        weights=weights,
+        threads=threads,
+        kv_cache="f32",
+        same_tokens_as_minillm=same / len(prompts),
+    )
     speedup = {k: ours[f"{k}_tokens_per_second"] / theirs[f"{k}_tokens_per_second"] for k in ("prompt", "decode")}
     print(
         f"batch 1, {len(prompts[0])}-token prompts, {output_len} tokens, {threads} threads, median of "
         f"{max(len(prompts) - 1, 1)}:\n"
         f"  minillm:   prompt {ours['prompt_tokens_per_second']:.1f} tok/s, decode {ours['decode_tokens_per_second']:.1f} tok/s\n"
         f"  llama.cpp: prompt {theirs['prompt_tokens_per_second']:.1f} tok/s, decode "
-        f"{theirs['decode_tokens_per_second']:.1f} tok/s (fp32 GGUF, F32 KV cache); same greedy tokens on "
+        f"{theirs['decode_tokens_per_second']:.1f} tok/s ({weights}, F32 KV cache); same greedy tokens on "
         f"{same} of {len(prompts)} prompts\n"
         f"  minillm / llama.cpp: prompt {speedup['prompt']:.2f}x, decode {speedup['decode']:.2f}x"
     )

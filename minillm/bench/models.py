@@ -110,6 +110,13 @@ def special_token_ids(path: Path) -> set[int]:
     return ids
 
 
+def weight_bytes(model) -> int:
+    """The bytes a forward pass reads for the weights of a loaded model as it holds them: every parameter once
+    (a tied table counted once), in its stored dtype, and the scales of quantized weights."""
+    scales = {id(s): s for m in model.modules() if isinstance(s := getattr(m, "weight_scale", None), torch.Tensor)}
+    return sum(p.nbytes for p in model.parameters()) + sum(s.nbytes for s in scales.values())
+
+
 def num_parameters(path: Path) -> int:
     """Parameters stored in the checkpoint's safetensors files (a tied LM head is stored once)."""
     total = 0

@@ -13,6 +13,7 @@ import torch
 from minillm.bench import llamacpp, workloads
 from minillm.bench.backends import Models, run_minillm
 from minillm.bench.models import num_parameters
+from minillm.bench.models import weight_bytes as model_weight_bytes
 from minillm.config import Config, ModelConfig, resolve_dtype
 from minillm.engine.kv_cache import kv_cache_bytes_per_token
 from minillm.layers.cpu_kernels import cpu_kernels, empty_packed, linear_cpu, pack_weight
@@ -105,10 +106,10 @@ def run(path, engine_options: dict, pool: list[int], args) -> dict:
         f"torch.mm{packed}"
     )
     params = num_parameters(path)
-    weight_bytes = params * dtype.itemsize
+    models = Models(path, engine_options)
+    weight_bytes = model_weight_bytes(models.compiled_engine.model_runner.model)  # as stored: quantized or not
     # batch 1: each token reads every weight and its request's KV cache, on average half-way through the output
     kv_bytes = (args.input_len + args.output_len / 2) * kv_cache_bytes_per_token(config, dtype)
-    models = Models(path, engine_options)
     one = decode_rate(models, 1, pool, args)
     one |= dict(
         weight_bytes_per_token=weight_bytes,
@@ -123,6 +124,7 @@ def run(path, engine_options: dict, pool: list[int], args) -> dict:
     print(
         f"decode steps compiled per bucket{best_of}\n"
         f"batch-1 decode: {one['tokens_per_second']:.1f} tok/s x {(weight_bytes + kv_bytes) / 1e6:.1f} MB/token "
+        f"({weight_bytes / params:.2f} bytes per weight) "
         f"= {one['achieved_gb_s']:.1f} GB/s, {one['fraction_of_bandwidth']:.0%} of the measured bandwidth\n"
         f"batch-{args.roofline_batch} decode: {many['tokens_per_second']:.1f} tok/s x 2 x {params / 1e6:.1f}M "
         f"parameters = {many['flops'] / 1e9:.1f} GFLOP/s, {many['fraction_of_matmul_flops']:.0%} of the matmul's"
@@ -132,5 +134,5 @@ def run(path, engine_options: dict, pool: list[int], args) -> dict:
     )
     if getattr(args, "peer", None) == "llama-cpp":  # a warm-up prompt, then 5: medians of 5
         prompts = workloads.fixed(6, args.input_len, args.output_len, pool, args.seed + 2).prompts
-        record |= llamacpp.compare(path, models.compiled_engine, prompts, args.output_len)
+        record |= llamacpp.compare(path, models.compiled_engine, prompts, args.output_len, engine_options)
     return record

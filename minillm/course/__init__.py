@@ -42,6 +42,7 @@ CHAPTERS = {
     "11": "full_engine",
     "12": "serving",
     "13": "speculative_decoding",
+    "14": "quantization",
 }
 
 

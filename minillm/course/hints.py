@@ -456,6 +456,30 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "num_computed_tokens, and free_tail(seq, len(seq) + 1) keeps the blocks for the tokens after "
         "postprocess. Rejected slots need no clearing: they are no longer counted, so they will be overwritten.",
     ),
+    "14.1": (
+        "One scale per row: the largest magnitude of the row, weight.abs().amax(dim=1), over 127, so that the "
+        "largest weight lands on ±127 exactly.",
+        "A row of zeros has amax 0: torch.where(amax > 0, amax / 127, torch.ones_like(amax)) keeps the division "
+        "safe. Divide each row by its own scale with scale[:, None] (broadcast over the columns).",
+        "torch.round rounds halves to even (63.5 to 64, 62.5 to 62), which is what the tests expect. Clamp to "
+        "-127..127 before .to(torch.int8): a cast does not saturate, it wraps.",
+    ),
+    "14.2": (
+        "View the bytes as blocks first: raw.view(*raw.shape[:-1], -1, 20) gives [rows, blocks, 20]; then bytes "
+        "0-1 are d, 2-3 are m and 4-19 the 16 packed bytes of every block at once.",
+        "For the values, packed & 0x0F gives the 16 low nibbles (weights 0-15) and packed >> 4 the 16 high ones "
+        "(weights 16-31): concatenate them in that order along the last dimension, then .float().",
+        "Multiply first and add after, d[..., None] * q + m[..., None], in float32: the gguf package computes (d * q) "
+        "+ m and the tests compare bit for bit. flatten(-2) turns [rows, blocks, 32] into [rows, blocks · 32].",
+    ),
+    "14.3": (
+        "Get the exact integer sums of every block first: block_sums(qx, qw) in the same file gives [rows, out, "
+        "blocks] in int64, each the dot product of 32 int8 values with 32 others.",
+        "Each block's sum is worth dx[r, b] of its row: multiply the sums by dx[:, None, :] (broadcast over the "
+        "outputs), then sum over the blocks.",
+        "The weight's scale belongs to the whole output row: multiply by scale[None, :] last. Do the float work in "
+        "float64 (.double()) and return .float().",
+    ),
 }
 
 

@@ -205,7 +205,7 @@ class CUDADecodeGraphs(DecodeGraphs):
         self.outputs = torch.zeros(
             self.buckets[-1],
             runner.model.config.hidden_size,
-            dtype=runner.model.lm_head.weight.dtype,
+            dtype=runner.model.model.norm.weight.dtype,
             device=runner.device,
         )
 

@@ -61,6 +61,8 @@ class LLMEngine:
         unknown = set(kwargs) - names
         if unknown:
             raise TypeError(f"unknown engine option(s) {sorted(unknown)}; the options are {sorted(names)}")
+        if str(model).endswith(".gguf") and "quantization" not in kwargs:
+            kwargs["quantization"] = "gguf"  # a GGUF file runs as it is stored, as in vLLM
         self.config = config = Config(model=model, **kwargs)
         path = resolve_model_path(model if model is not None else default_model_path())
         model_config = ModelConfig.from_pretrained(path)

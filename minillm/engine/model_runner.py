@@ -13,7 +13,12 @@ import torch
 from minillm.config import Config
 from minillm.engine.graphs import CompiledDecodeSteps, CUDADecodeGraphs
 from minillm.engine.input_batch import InputBuffers, StepInputs
-from minillm.engine.kv_cache import allocate_kv_cache, kv_cache_bytes_per_token
+from minillm.engine.kv_cache import (
+    allocate_int8_kv_cache,
+    allocate_kv_cache,
+    kv_cache_bytes_per_token,
+    kv_cache_int8_bytes_per_token,
+)
 from minillm.engine.sequence import Sequence
 from minillm.layers.paged_attention import slot_mapping_for
 from minillm.layers.rejection_sampler import RejectionSampler
@@ -39,7 +44,7 @@ class ModelRunner:
         if group and self.device.type == "cuda":  # one device per rank
             torch.cuda.set_device(self.device)
         with tensor_parallel(group):
-            self.model = build_model(model_path, self.dtype, self.device)
+            self.model = build_model(model_path, self.dtype, self.device, self.platform.linear_method)
         self.attn_layers = self.platform.prepare_model(self.model)  # kernels, weight layout, attention backend
         self.block_size = config.kvcache_block_size
         self.buffers = InputBuffers(config, self.block_size, self.device)
@@ -47,7 +52,11 @@ class ModelRunner:
         self.rejection_sampler = RejectionSampler()
         self.eager_reason = self.why_eager(config)  # before the KV budget: CUDA graphs keep a memory pool
         tp_size = group.size if group else 1  # each rank caches its share of the KV heads
-        bytes_per_block = kv_cache_bytes_per_token(self.model.config, self.dtype) * self.block_size
+        self.kv_cache_dtype = config.kv_cache_dtype  # "int8": int8 keys and values, a float32 scale per token and head
+        if self.kv_cache_dtype == "int8":
+            bytes_per_block = kv_cache_int8_bytes_per_token(self.model.config) * self.block_size
+        else:
+            bytes_per_block = kv_cache_bytes_per_token(self.model.config, self.dtype) * self.block_size
         bytes_per_block //= tp_size
         self.num_kvcache_blocks = config.num_kvcache_blocks or self.kv_cache_budget(config) // bytes_per_block
         if group:  # every rank must hold the same blocks: the fewest any rank has room for
@@ -58,7 +67,12 @@ class ModelRunner:
                 "raise kvcache_memory_bytes / gpu_memory_utilization or use a smaller model"
             )
         # one spare block at the end, never handed out: padded rows of a decode step write there (PAD_SLOT_ID)
-        self.kv_cache = allocate_kv_cache(self.model, self.num_kvcache_blocks + 1, self.block_size)
+        if self.kv_cache_dtype == "int8":  # kv_scales: [2, layers, blocks, block_size, kv_heads]
+            self.kv_cache, self.kv_scales = allocate_int8_kv_cache(
+                self.model, self.num_kvcache_blocks + 1, self.block_size
+            )
+        else:
+            self.kv_cache = allocate_kv_cache(self.model, self.num_kvcache_blocks + 1, self.block_size)
         self.compile_layers = self.platform.compile_layers if config.compile_layers is None else config.compile_layers
         self.graphs = None
         if self.eager_reason is None and self.device.type == "cuda":
@@ -81,6 +95,8 @@ class ModelRunner:
             kv_heads = max(1, c.num_key_value_heads // (self.group.size if self.group else 1))
             width = -(-config.max_model_len // self.block_size) * self.block_size
             gathered = 2 * rows * width * kv_heads * c.head_dim * self.dtype.itemsize
+            if config.kv_cache_dtype == "int8":  # the int8 blocks dequantized into a copy, then gathered from it
+                gathered *= 2
             if gathered > TORCH_GRAPH_GATHER_BYTES:
                 reason = (
                     f"attention_backend='torch' in a CUDA graph would copy {gathered / 2**30:.1f} GiB of keys "

@@ -6,8 +6,17 @@ first imported (Triton reads it when a kernel is defined).
 """
 
 from minillm.kernels.common import INTERPRET, check_device
-from minillm.kernels.kv_cache import store_kvcache
+from minillm.kernels.kv_cache import store_kvcache, store_kvcache_int8
 from minillm.kernels.layernorm import add_rms_norm, norm, rms_norm
 from minillm.kernels.paged_attention import paged_decode_attention
 
-__all__ = ["INTERPRET", "add_rms_norm", "check_device", "norm", "paged_decode_attention", "rms_norm", "store_kvcache"]
+__all__ = [
+    "INTERPRET",
+    "add_rms_norm",
+    "check_device",
+    "norm",
+    "paged_decode_attention",
+    "rms_norm",
+    "store_kvcache",
+    "store_kvcache_int8",
+]

@@ -84,3 +84,91 @@ def store_kvcache(
             D=D,
             BLOCK_D=triton.next_power_of_2(D),
         )
+
+
+@jit
+def store_kvcache_int8_kernel(
+    key_ptr,
+    key_stride,
+    value_ptr,
+    value_stride,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    slot_mapping_ptr,
+    KV_HEADS: tl.constexpr,
+    KV_HEADS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+):
+    """store_kvcache_kernel for an int8 cache (kv_cache_dtype="int8"): program t quantizes token t's key and value,
+    each KV head's vector with its own scale (minillm.layers.paged_attention.quantize_kv), and stores the int8
+    numbers at slot * KV_HEADS * HEAD_DIM of the caches, the KV_HEADS scales at slot * KV_HEADS of the scales."""
+    token = tl.program_id(0)
+    slot = tl.load(slot_mapping_ptr + token)
+    if slot < 0:
+        return
+    heads, dims = tl.arange(0, KV_HEADS_PAD), tl.arange(0, HEAD_DIM_PAD)
+    inside = (heads < KV_HEADS)[:, None] & (dims < HEAD_DIM)[None, :]
+    offsets = heads[:, None] * HEAD_DIM + dims[None, :]
+    row, scales = slot * KV_HEADS * HEAD_DIM, slot * KV_HEADS
+    live = heads < KV_HEADS
+    quantize_and_store(
+        key_ptr + token * key_stride, k_cache_ptr + row, k_scale_ptr + scales, offsets, inside, heads, live
+    )
+    quantize_and_store(
+        value_ptr + token * value_stride, v_cache_ptr + row, v_scale_ptr + scales, offsets, inside, heads, live
+    )
+
+
+@jit
+def quantize_and_store(x_ptr, cache_ptr, scale_ptr, offsets, inside, heads, live):
+    """One token's keys (or values) [KV_HEADS, HEAD_DIM] (`offsets` from x_ptr and cache_ptr; `inside` the lanes in
+    use, `live` the heads) as int8 with a scale per head, written at cache_ptr and scale_ptr: scale = max|x| / 127
+    (1.0 for an all-zero head), q = round(x / scale), ties to even as torch.round: adding and subtracting 1.5 · 2^23
+    rounds a float32 of magnitude below 2^22 to an integer in the default rounding mode (nearest, ties to even)."""
+    x = tl.load(x_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.where(amax > 0, amax / 127, 1.0)
+    q = (x / scale[:, None] + 12582912.0) - 12582912.0
+    q = tl.minimum(tl.maximum(q, -127.0), 127.0)
+    tl.store(cache_ptr + offsets, q.to(tl.int8), mask=inside)
+    tl.store(scale_ptr + heads, scale, mask=live)
+
+
+def store_kvcache_int8(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """minillm.layers.paged_attention.store_kvcache_int8 (slot -1 skipped) as one kernel launch: keys and values
+    quantized per KV head into int8 caches [num_blocks, block_size, kv_heads, head_dim] and float32 scales
+    [num_blocks, block_size, kv_heads], all contiguous."""
+    check_device(key, value, k_cache, v_cache, k_scale, v_scale, slot_mapping)
+    num_tokens, kv_heads, head_dim = key.shape
+    key, value = (t if t.stride(-1) == 1 and t.stride(1) == head_dim else t.contiguous() for t in (key, value))
+    if not all(t.is_contiguous() for t in (k_cache, v_cache, k_scale, v_scale)):
+        raise ValueError("store_kvcache_int8 writes into contiguous caches and scales")
+    if num_tokens == 0:
+        return
+    with kernel_errors():
+        store_kvcache_int8_kernel[(num_tokens,)](
+            key,
+            key.stride(0),
+            value,
+            value.stride(0),
+            k_cache,
+            v_cache,
+            k_scale,
+            v_scale,
+            slot_mapping,
+            KV_HEADS=kv_heads,
+            KV_HEADS_PAD=triton.next_power_of_2(kv_heads),
+            HEAD_DIM=head_dim,
+            HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
+        )

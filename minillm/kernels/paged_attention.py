@@ -63,13 +63,21 @@ def paged_decode_attention_kernel(
     stride_token,
     stride_kv_head,
     stride_table,
+    k_scale_ptr,
+    v_scale_ptr,
+    stride_scale_block,
+    stride_scale_token,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    KV_INT8: tl.constexpr = False,
 ):
-    """Program (seq, kv_head): the GROUP query heads kv_head * GROUP ... of sequence seq attend to its keys."""
+    """Program (seq, kv_head): the GROUP query heads kv_head * GROUP ... of sequence seq attend to its keys. With
+    KV_INT8 (kv_cache_dtype="int8") the caches hold int8 numbers, dequantized as they are loaded by their scales
+    (k_scale_ptr, v_scale_ptr: [num_blocks, block_size, kv_heads] float32); without it the scale arguments are unused
+    and the compiled kernel is the float one."""
     seq, kv_head = tl.program_id(0), tl.program_id(1)
     rows, dims = tl.arange(0, GROUP_PAD), tl.arange(0, HEAD_DIM_PAD)
     q_mask = (rows < GROUP)[:, None] & (dims < HEAD_DIM)[None, :]
@@ -88,6 +96,10 @@ def paged_decode_attention_kernel(
         offsets = block * stride_block + tokens[:, None] * stride_token + kv_head * stride_kv_head + dims[None, :]
         k = tl.load(k_cache_ptr + offsets, mask=kv_mask, other=0.0).to(tl.float32)
         v = tl.load(v_cache_ptr + offsets, mask=kv_mask, other=0.0).to(tl.float32)
+        if KV_INT8:  # each token's scale in this KV head, one per key and one per value
+            scale_offsets = block * stride_scale_block + tokens * stride_scale_token + kv_head
+            k = k * tl.load(k_scale_ptr + scale_offsets, mask=valid, other=0.0)[:, None]
+            v = v * tl.load(v_scale_ptr + scale_offsets, mask=valid, other=0.0)[:, None]
         scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [GROUP_PAD, BLOCK_SIZE]
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_i, l_i, acc = online_softmax_update(m_i, l_i, acc, scores, v)
@@ -106,10 +118,16 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same contract as minillm.layers.paged_attention.paged_decode_attention, as one kernel launch:
-    q [num_seqs, heads, head_dim] → [num_seqs, heads, head_dim], each query over its context in the cache."""
+    q [num_seqs, heads, head_dim] → [num_seqs, heads, head_dim], each query over its context in the cache. With
+    k_scale and v_scale, the caches are int8 and those their scales (paged_decode_attention_int8's contract)."""
     check_device(q, k_cache, v_cache, block_tables, context_lens)
+    quantized = k_scale is not None
+    if quantized and (k_scale.stride() != v_scale.stride() or k_scale.stride(-1) != 1):
+        raise ValueError("paged_decode_attention needs k_scale and v_scale of one layout, kv_heads contiguous")
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     q = q if q.stride(-1) == 1 and q.stride(1) == head_dim else q.contiguous()
@@ -135,10 +153,15 @@ def paged_decode_attention(
             k_cache.stride(1),
             k_cache.stride(2),
             block_tables.stride(0),
+            k_scale if quantized else k_cache,  # unused by the float kernel
+            v_scale if quantized else v_cache,
+            k_scale.stride(0) if quantized else 0,
+            k_scale.stride(1) if quantized else 0,
             GROUP=group,
             GROUP_PAD=triton.next_power_of_2(group),
             HEAD_DIM=head_dim,
             HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
             BLOCK_SIZE=block_size,
+            KV_INT8=quantized,
         )
     return out

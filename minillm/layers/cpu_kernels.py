@@ -34,16 +34,22 @@ import torch.nn.functional as F
 
 SOURCES = [
     Path(__file__).parents[1] / "kernels" / "csrc" / name
-    for name in ("paged_attention_cpu.cpp", "kv_cache_cpu.cpp", "linear_cpu.cpp", "layers_cpu.cpp")
+    for name in (
+        "paged_attention_cpu.cpp",
+        "kv_cache_cpu.cpp",
+        "linear_cpu.cpp",
+        "layers_cpu.cpp",
+        "quant_linear_cpu.cpp",
+    )
 ]
 
 
 def extension_name(isa: str, flags: list[str]) -> str:
     """The build's name in torch's extension cache, which is keyed by name: the instruction-set level, and a digest
-    of the flags, the sources and this CPU's feature flags. -march=native builds for this very CPU, so a cache
+    of the flags, the sources (and headers) and this CPU's feature flags. -march=native builds for this very CPU, so a cache
     shared between machines (or checkouts with other sources) must never hand one's build to another."""
     digest = hashlib.sha256(" ".join(flags).encode())
-    for source in SOURCES:
+    for source in [*SOURCES, *sorted(SOURCES[0].parent.glob("*.h"))]:  # the headers they include too
         digest.update(source.read_bytes())
     cpuinfo = Path("/proc/cpuinfo")
     features = (
@@ -87,7 +93,12 @@ def cpu_kernels() -> bool:
         return False
     torch.library.register_fake("minillm_cpu::paged_decode_attention")(lambda q, *args: torch.empty_like(q))
     torch.library.register_fake("minillm_cpu::decode_attention")(lambda q, *args: torch.empty_like(q))
+    torch.library.register_fake("minillm_cpu::paged_decode_attention_int8")(lambda q, *args: torch.empty_like(q))
+    torch.library.register_fake("minillm_cpu::decode_attention_int8")(lambda q, *args: torch.empty_like(q))
     torch.library.register_fake("minillm_cpu::linear")(lambda x, packed, b, out: x.new_empty(x.shape[0], out))
+    torch.library.register_fake("minillm_cpu::quant_linear")(
+        lambda x, w, s, b, qtype, out: x.new_empty(x.shape[0], out)
+    )
     torch.library.register_fake("minillm_cpu::rms_norm")(lambda x, w, eps: x.new_empty(x.shape))
     torch.library.register_fake("minillm_cpu::add_rms_norm")(lambda x, r, w, eps: (x.new_empty(x.shape),) * 2)
     torch.library.register_fake("minillm_cpu::silu_and_mul")(lambda x: x.new_empty(*x.shape[:-1], x.shape[-1] // 2))
@@ -123,6 +134,39 @@ def store_kvcache_cpu(
     (a prefill: slot -1 writes nothing) or, with is_prefill False, store_decode_kvcache (slot -1 is a padded
     row's, written to the spare last slot). For CPU tensors; call `cpu_kernels()` first, which builds it."""
     torch.ops.minillm_cpu.store_kvcache(k, v, k_cache, v_cache, slot_mapping, is_prefill)
+
+
+def paged_decode_attention_int8_cpu(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """paged_decode_attention_cpu over an int8 cache and its float32 scales [num_blocks, block_size, kv_heads]
+    (kv_cache_dtype="int8"): minillm.layers.paged_attention.paged_decode_attention_int8, read in place, the int8
+    numbers converted to floats in registers. Call `cpu_kernels()` first, which builds it."""
+    return torch.ops.minillm_cpu.paged_decode_attention_int8(
+        q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, scale
+    )
+
+
+def store_kvcache_int8_cpu(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    is_prefill: bool = True,
+) -> None:
+    """store_kvcache_cpu into an int8 cache: each token's float32 key and value quantized per KV head (as
+    minillm.layers.paged_attention.quantize_kv) into its slot of the cache and of the scales, in place."""
+    torch.ops.minillm_cpu.store_kvcache_int8(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, is_prefill)
 
 
 @functools.cache

@@ -1,5 +1,5 @@
 """How the linear layers multiply: the linear method, chosen once per engine by the platform (vLLM's
-LinearMethodBase; quantized methods join here). After loading, a method puts the weights in the layout its
+LinearMethodBase; the quantized ones are in minillm.quantization.methods). After loading, a method puts the weights in the layout its
 kernel reads (one copy of each: the plain one is freed) and sets each layer's `kernel`."""
 
 import functools
@@ -16,6 +16,12 @@ class UnquantizedLinearMethod:
     """F.linear on the weights as loaded (lm_logits for the LM head): every device, every dtype."""
 
     name = "torch"
+
+    def load_weights(self, model: nn.Module, path) -> None:
+        """Fill the model's parameters from the checkpoint directory's safetensors files."""
+        from minillm.utils.loader import load_model
+
+        load_model(model, path)
 
     def process_weights_after_loading(self, model: nn.Module) -> None:
         pass

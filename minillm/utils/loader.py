@@ -15,13 +15,16 @@ def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor, shar
 
 
 def resolve_model_path(model: str | Path) -> Path:
-    """A local checkpoint directory as is; a hub id minillm knows (minillm.models.hub) from its installed package,
-    converted once into the cache; any other hub id from Hugging Face's local cache, or downloaded (a network)."""
-    from minillm.models.hub import KNOWN_MODELS, get_model
+    """A local checkpoint directory as is; a .gguf file, or a hub id minillm knows (minillm.models.hub) from its
+    installed package, as a checkpoint directory converted once into the cache; any other hub id from Hugging
+    Face's local cache, or downloaded (a network)."""
+    from minillm.models.hub import KNOWN_MODELS, get_model, gguf_checkpoint
 
     path = Path(model).expanduser()
     if path.is_dir():
         return path
+    if path.is_file() and path.suffix == ".gguf":  # its config and tokenizer converted once; its blocks read as is
+        return gguf_checkpoint(path)
     if str(model) in KNOWN_MODELS:
         return get_model(str(model))
     known = ", ".join(KNOWN_MODELS)
@@ -62,8 +65,20 @@ def open_safetensors(file: Path):
         ) from e
 
 
-def load_model(model: nn.Module, path: str | Path) -> None:
-    """Copy every tensor of the *.safetensors files in `path` into `model`.
+def safetensors_tensors(path: str | Path):
+    """(name, tensor) for every tensor of the *.safetensors files in `path`, file by file."""
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors file in {path}")
+    for file in files:
+        with open_safetensors(file) as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def load_model(model: nn.Module, path: str | Path, tensors=None) -> None:
+    """Copy every tensor of the *.safetensors files in `path` (or of `tensors`, (name, tensor) pairs read from
+    `path`) into `model`.
 
     A checkpoint name like `layers.0.self_attn.k_proj.weight` is first mapped through the model's
     packed_modules_mapping (to `qkv_proj` with shard "k"); the parameter's weight_loader does the copy.
@@ -71,31 +86,27 @@ def load_model(model: nn.Module, path: str | Path) -> None:
     """
     packed = getattr(model, "packed_modules_mapping", {})
     params = dict(model.named_parameters())
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors file in {path}")
     seen, unexpected = set(), []
-    for file in files:
-        with open_safetensors(file) as f:
-            for name in f.keys():
-                param_name, shard_id = name, None
-                for src, (target, shard) in packed.items():
-                    if f".{src}." in name:
-                        param_name, shard_id = name.replace(src, target), shard
-                        break
-                param = params.get(param_name)
-                if param is None:
-                    if name == "lm_head.weight" and model.config.tie_word_embeddings:
-                        continue  # tied: the embedding table already is the LM head
-                    unexpected.append(name)
-                    continue
-                try:
-                    with torch.no_grad():
-                        loader = getattr(param, "weight_loader", default_weight_loader)
-                        loader(param, f.get_tensor(name).to(param.dtype), shard_id)
-                except ValueError as e:
-                    raise ValueError(f"{name} ({file.name}): {e}") from None
-                seen.add(name)
+    for name, tensor in safetensors_tensors(path) if tensors is None else tensors:
+        param_name, shard_id = name, None
+        for src, (target, shard) in packed.items():
+            if f".{src}." in name:
+                param_name, shard_id = name.replace(src, target), shard
+                break
+        param = params.get(param_name)
+        if param is None:
+            if name == "lm_head.weight" and model.config.tie_word_embeddings:
+                continue  # tied: the embedding table already is the LM head
+            unexpected.append(name)
+            continue
+        try:
+            with torch.no_grad():
+                loader = getattr(param, "weight_loader", default_weight_loader)
+                # a float tensor takes the parameter's dtype; a quantized one (int8, GGUF's bytes) is copied as it is
+                loader(param, tensor.to(param.dtype) if tensor.is_floating_point() else tensor, shard_id)
+        except ValueError as e:
+            raise ValueError(f"{name} ({path}): {e}") from None
+        seen.add(name)
     missing = [n for p in params for n in checkpoint_names(p, packed) if n not in seen]
     if unexpected or missing:
         raise ValueError(

@@ -18,8 +18,6 @@
 // a 2-core machine, 1.2-2x faster than F.linear at 16-128 rows, and on par or faster for prefill chunks of
 // thousands. This is the kernel llama.cpp's sgemm and oneDNN's packed weights are about.
 #include <ATen/Parallel.h>
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
@@ -31,10 +29,10 @@
 #include <algorithm>
 #include <optional>
 
+#include "linear_tile.h"
+
 namespace {
 
-using Vec = at::vec::Vectorized<float>;
-constexpr int64_t NR = 2 * Vec::size();  // outputs per panel: two vectors (16 floats with AVX2, 32 with AVX-512)
 constexpr int64_t STREAM_ROWS = 2;       // up to how many rows of x `stream` runs; `tile` is faster from 3 or 4 on
 constexpr int64_t PREFETCH = 2048;       // bytes ahead of the reads a stream asks the cache for
 
@@ -94,36 +92,6 @@ void stream(const float* x, int64_t in, const float* w, const float* bias, int64
   }
 }
 
-constexpr int64_t MR = 6;                 // rows of x per register tile: 6 × 2 sums + 2 weights + 1 input ≤ 16
-
-// y[i][0..NR) = x_i · panel (+ bias) for the MR rows x_0 .. x_5 of x (pointers: a short tile repeats its last row)
-// and one panel [in][NR]. The 12 sums are named variables, not an array: the compiler keeps them in registers.
-// `next`, if given, is the panel to fetch into the cache meanwhile, one step of it per step of this one.
-void tile(const float* const* x, int64_t in, const float* panel, const float* bias, float* const* y,
-          const float* next) {
-  Vec c00(0.f), c01(0.f), c10(0.f), c11(0.f), c20(0.f), c21(0.f), c30(0.f), c31(0.f), c40(0.f), c41(0.f),
-      c50(0.f), c51(0.f);
-  const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3], *x4 = x[4], *x5 = x[5];
-  for (int64_t k = 0; k < in; ++k, panel += NR) {
-    for (int64_t line = 0; next && line < NR * 4; line += 64)
-      __builtin_prefetch(reinterpret_cast<const char*>(next + k * NR) + line);
-    const Vec w0 = Vec::loadu(panel), w1 = Vec::loadu(panel + Vec::size());
-    const auto row = [&](const float* xi, Vec& s0, Vec& s1) {
-      const Vec a(xi[k]);
-      s0 = at::vec::fmadd(a, w0, s0);
-      s1 = at::vec::fmadd(a, w1, s1);
-    };
-    row(x0, c00, c01), row(x1, c10, c11), row(x2, c20, c21), row(x3, c30, c31), row(x4, c40, c41), row(x5, c50, c51);
-  }
-  const Vec b0 = bias ? Vec::loadu(bias) : Vec(0.f), b1 = bias ? Vec::loadu(bias + Vec::size()) : Vec(0.f);
-  const auto store = [&](float* yi, const Vec& s0, const Vec& s1) {
-    (s0 + b0).store(yi);
-    (s1 + b1).store(yi + Vec::size());
-  };
-  store(y[0], c00, c01), store(y[1], c10, c11), store(y[2], c20, c21), store(y[3], c30, c31), store(y[4], c40, c41),
-      store(y[5], c50, c51);
-}
-
 // y = x @ wᵀ (+ bias) for x [rows, in] and w packed by pack_weight: `stream` up to STREAM_ROWS rows, `tile` past it.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias, int64_t out) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && packed.scalar_type() == at::kFloat,
@@ -153,23 +121,11 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::opti
   const int64_t fit = std::max<int64_t>(MR, X_BYTES / 4 / in / MR * MR);
   const int64_t chunks = (rows + fit - 1) / fit, chunk = ((rows + chunks - 1) / chunks + MR - 1) / MR * MR;
   at::parallel_for(0, chunks * panels, 1, [&](int64_t t0, int64_t t1) {
-    float spare[MR * NR];  // the output of a tile's padded rows or columns, thrown away
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t p = t % panels, r0 = t / panels * chunk, r1 = std::min(rows, r0 + chunk), c = p * NR;
-      const bool whole = c + NR <= out;  // the last panel may hold fewer than NR real output features
-      for (int64_t r = r0; r < r1; r += MR) {
-        const float* xr[MR];
-        float* yr[MR];
-        for (int64_t i = 0; i < MR; ++i) {
-          const bool real = r + i < r1 && whole;
-          xr[i] = xp + std::min(r + i, r1 - 1) * in;
-          yr[i] = real ? yp + (r + i) * out + c : spare + i * NR;
-        }
-        const float* next = r == r0 && t + 1 < t1 ? wp + (t + 1) % panels * in * NR : nullptr;  // the next task's
-        tile(xr, in, wp + p * in * NR, !bp ? nullptr : whole ? bp + c : tail_bias, yr, next);
-        for (int64_t i = 0; !whole && i < MR && r + i < r1; ++i)
-          std::copy(spare + i * NR, spare + i * NR + out - c, yp + (r + i) * out + c);
-      }
+      const float* next = t + 1 < t1 ? wp + (t + 1) % panels * in * NR : nullptr;  // the next task's panel
+      tile_rows(xp, in, r0, r1, wp + p * in * NR, !bp ? nullptr : c + NR <= out ? bp + c : tail_bias, c, out, yp,
+                next);
     }
   });
   return y;

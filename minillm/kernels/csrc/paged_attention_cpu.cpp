@@ -7,7 +7,9 @@
 // scores first, then one max and exp, then its values, two query heads at a time with their accumulators in
 // registers (measured at batch 64, block size 16: the kernel's time fell by a third against one update per block
 // and one head at a time). A chunk with a larger max rescales the running sums by exp(m_old - m_new).
-// fp32 throughout. Tasks are handed out one at a time to the threads of at::parallel_for (contexts differ in
+// fp32 throughout; an int8 cache (kv_cache_dtype="int8") is converted to floats in registers as it is loaded, and
+// each key's and value's scale multiplies its score and its weight, so nothing is dequantized in memory.
+// Tasks are handed out one at a time to the threads of at::parallel_for (contexts differ in
 // length, and the runner sorts a batch by length, so equal contiguous shares would be unequal work).
 // In the spirit of vLLM's csrc/cpu/attention.cpp, much smaller.
 #include <ATen/Parallel.h>
@@ -27,6 +29,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -35,9 +38,10 @@ using at::vec::Vectorized;
 using Vec = Vectorized<float>;
 
 // Ask for a block's keys and values ahead of use: blocks are scattered, so the hardware cannot guess the next.
-inline void prefetch(const float* k, const float* v, int64_t n, int64_t token_stride, int64_t D) {
+template <typename T>
+inline void prefetch(const T* k, const T* v, int64_t n, int64_t token_stride, int64_t D) {
   for (int64_t t = 0; t < n; ++t)
-    for (int64_t d = 0; d < D; d += 16) {  // a 64-byte cache line holds 16 floats
+    for (int64_t d = 0; d < D; d += 64 / sizeof(T)) {  // a 64-byte cache line holds 16 floats, 64 int8 numbers
       __builtin_prefetch(k + t * token_stride + d);
       __builtin_prefetch(v + t * token_stride + d);
     }
@@ -75,6 +79,33 @@ inline int64_t vec_width(int64_t D, int64_t c) {
   return kD % Vec::size() == 0 && kD ? Vec::size() : std::min<int64_t>(Vec::size(), D - c);
 }
 
+// A Vec of the `count` numbers at p (the rest 0) as floats: a float cache's as they are, an int8 cache's converted in
+// registers (16 int8 numbers widened to 16 int32 and converted, with AVX-512; 8 with AVX2).
+inline Vec load(const float* p, int64_t count) { return Vec::loadu(p, count); }
+
+inline Vec load(const int8_t* p, int64_t count) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if (count == Vec::size())
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif defined(CPU_CAPABILITY_AVX2)
+  if (count == Vec::size())
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#endif
+  float f[Vec::size()] = {};
+  for (int64_t i = 0; i < count; ++i) f[i] = p[i];
+  return Vec::loadu(f);
+}
+
+// An int8 cache's scales folded into a chunk's n per-token numbers p (scores, or softmax weights): p[t] *= the scale
+// of the chunk's token t, read through its block as the keys are ([blocks, block_size, kv_heads] strides).
+inline void fold_scales(float* p, const float* scales, const int64_t* blocks, int64_t n, int64_t block_size,
+                        int64_t block_stride, int64_t token_stride) {
+  for (int64_t s = 0; s < n; s += block_size) {
+    const float* sc = scales + blocks[s / block_size] * block_stride;
+    for (int64_t t = s, end = std::min(n, s + block_size); t < end; ++t) p[t] *= sc[(t - s) * token_stride];
+  }
+}
+
 // Tokens per softmax update: the scores of several blocks are gathered before one max, exp and rescale, so that
 // the per-update work (reductions, a scalar exp, rescaling the accumulators) is spread over many keys.
 constexpr int64_t kChunk = 128;
@@ -87,8 +118,8 @@ inline int64_t chunk_tokens(int64_t block_size) {
 // acc[g] = acc[g] * rescale[g] + Σ_t p[g][t] · v_t for GN (1 or 2) query heads and the dims c0 .. c0 + 4 Vecs of
 // one chunk's n values: the accumulators (GN × 4) and a value row's 4 Vecs stay in registers, so each value is
 // loaded once for both heads and each weight p is broadcast once per token.
-template <int GN, int64_t kD>
-void accumulate(float* acc, const float* rescale, const float* p, int64_t chunk, const float* v_cache,
+template <int GN, int64_t kD, typename T>
+void accumulate(float* acc, const float* rescale, const float* p, int64_t chunk, const T* v_cache,
                 int64_t block_stride, int64_t token_stride, int64_t block_size, const int64_t* blocks, int64_t n,
                 int64_t D, int64_t c0) {
   constexpr int64_t W = Vec::size();
@@ -100,9 +131,9 @@ void accumulate(float* acc, const float* rescale, const float* p, int64_t chunk,
     for (int64_t j = 0; j < nc; ++j)
       a[g][j] = Vec::loadu(acc + g * D + c0 + j * W, width(c0 + j * W)) * Vec(rescale[g]);
   for (int64_t s = 0; s < n; s += block_size) {
-    const float* v = v_cache + blocks[s / block_size] * block_stride + c0;
+    const T* v = v_cache + blocks[s / block_size] * block_stride + c0;
     for (int64_t t = s, end = std::min(n, s + block_size); t < end; ++t, v += token_stride) {
-      for (int64_t j = 0; j < nc; ++j) vv[j] = Vec::loadu(v + j * W, width(c0 + j * W));
+      for (int64_t j = 0; j < nc; ++j) vv[j] = load(v + j * W, width(c0 + j * W));
       for (int g = 0; g < GN; ++g) {
         const Vec w(p[g * chunk + t]);
         for (int64_t j = 0; j < nc; ++j) a[g][j] = at::vec::fmadd(w, vv[j], a[g][j]);
@@ -116,10 +147,14 @@ void accumulate(float* acc, const float* rescale, const float* p, int64_t chunk,
 // out[g] = softmax(q[g] . k_j * scale) · v_j over the ctx (≥ 1) keys of one sequence and KV head, for its G
 // query heads. `table` lists the sequence's blocks; `work` holds G * (2 * D + 3 + chunk_tokens(block_size))
 // floats. kD is the head dim when it is one the compiler specialises for (loops unrolled), or 0 (see vec_width).
-template <int64_t kD>
-void attend(const float* q, int64_t q_head_stride, const float* k_cache, const float* v_cache,
-            int64_t block_stride, int64_t token_stride, int64_t block_size, const int64_t* table, int64_t ctx,
-            int64_t G, int64_t head_dim, float scale, float* out, int64_t out_head_stride, float* work) {
+// T is the cache's type: float, or int8_t with k_scale/v_scale this KV head's scales (strides scale_block and
+// scale_token); a float cache has none.
+template <typename T, int64_t kD>
+void attend(const float* q, int64_t q_head_stride, const T* k_cache, const T* v_cache, int64_t block_stride,
+            int64_t token_stride, int64_t block_size, const int64_t* table, int64_t ctx, int64_t G, int64_t head_dim,
+            float scale, float* out, int64_t out_head_stride, float* work, const float* k_scale, const float* v_scale,
+            int64_t scale_block, int64_t scale_token) {
+  constexpr bool kInt8 = std::is_same_v<T, int8_t>;
   const int64_t D = kD ? kD : head_dim, chunk = chunk_tokens(block_size);
   const auto width = [D](int64_t c) { return vec_width<kD>(D, c); };
   float *qs = work, *acc = qs + G * D, *m = acc + G * D, *l = m + G, *rescale = l + G, *p = rescale + G;
@@ -137,7 +172,7 @@ void attend(const float* q, int64_t q_head_stride, const float* k_cache, const f
       float* pg = p + g * chunk;
       for (int64_t s = 0; s < n; s += block_size) {
         const int64_t nb = std::min(block_size, n - s);
-        const float* k = k_cache + blocks[s / block_size] * block_stride;
+        const T* k = k_cache + blocks[s / block_size] * block_stride;
         if (g == 0 && start + s + block_size < ctx) {  // the first head's pass asks for the next block
           const int64_t next = blocks[s / block_size + 1] * block_stride;
           prefetch(k_cache + next, v_cache + next, std::min(block_size, ctx - start - s - block_size), token_stride, D);
@@ -149,28 +184,29 @@ void attend(const float* q, int64_t q_head_stride, const float* k_cache, const f
           for (int64_t c = 0; c < D; c += Vec::size()) {
             const Vec qv = Vec::loadu(qs + g * D + c, width(c));
             for (int j = 0; j < 8; ++j)
-              sc[j] = at::vec::fmadd(qv, Vec::loadu(k + (t + j) * token_stride + c, width(c)), sc[j]);
+              sc[j] = at::vec::fmadd(qv, load(k + (t + j) * token_stride + c, width(c)), sc[j]);
           }
           reduce8(sc, pg + s + t);
         }
         for (; t < nb; ++t) {  // the last keys, one at a time
           Vec sc(0.f);
           for (int64_t c = 0; c < D; c += Vec::size())
-            sc = at::vec::fmadd(Vec::loadu(qs + g * D + c, width(c)), Vec::loadu(k + t * token_stride + c, width(c)),
-                                sc);
+            sc = at::vec::fmadd(Vec::loadu(qs + g * D + c, width(c)), load(k + t * token_stride + c, width(c)), sc);
           pg[s + t] = at::vec::vec_reduce_all<float>(std::plus<Vec>(), sc);
         }
       }
+      if constexpr (kInt8) fold_scales(pg, k_scale, blocks, n, block_size, scale_block, scale_token);  // q·k·s_k
       const auto max = [](Vec x, Vec y) { return at::vec::maximum(x, y); };
       const float mx = std::max(m[g], at::vec::reduce_all<float>(max, pg, n));
       at::vec::map([mx](Vec x) { return (x - Vec(mx)).exp_u20(); }, pg, pg, n);
       rescale[g] = std::exp(m[g] - mx);  // 0 on the first chunk (m = -inf)
       l[g] = l[g] * rescale[g] + at::vec::reduce_all<float>(std::plus<Vec>(), pg, n);
       m[g] = mx;
+      if constexpr (kInt8) fold_scales(pg, v_scale, blocks, n, block_size, scale_block, scale_token);  // p·s_v
     }
     for (int64_t g = 0; g < G; g += 2)  // acc = acc * rescale + p · V: two heads, 4 Vecs of dims at a time
       for (int64_t c0 = 0; c0 < D; c0 += 4 * Vec::size())
-        (G - g >= 2 ? accumulate<2, kD> : accumulate<1, kD>)(acc + g * D, rescale + g, p + g * chunk, chunk, v_cache,
+        (G - g >= 2 ? accumulate<2, kD, T> : accumulate<1, kD, T>)(acc + g * D, rescale + g, p + g * chunk, chunk, v_cache,
                                                              block_stride, token_stride, block_size, blocks, n, D, c0);
   }
   for (int64_t g = 0; g < G; ++g)
@@ -178,27 +214,22 @@ void attend(const float* q, int64_t q_head_stride, const float* k_cache, const f
       (Vec::loadu(acc + g * D + c, width(c)) * Vec(1.f / l[g])).store(out + g * out_head_stride + c, width(c));
 }
 
-at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
-  TORCH_CHECK(q.device().is_cpu() && q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
-                  v_cache.scalar_type() == at::kFloat,
-              "paged_decode_attention_cpu takes float32 CPU tensors, got q ", q.scalar_type(), " on ", q.device(),
-              " and a ", k_cache.scalar_type(), " cache");
-  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
-                  k_cache.strides() == v_cache.strides() && q.size(2) == k_cache.size(3) &&
-                  q.size(1) % k_cache.size(2) == 0 && q.stride(2) == 1 && k_cache.stride(3) == 1,
-              "paged_decode_attention_cpu: q [seqs, heads, head_dim] and caches [blocks, block_size, kv_heads, "
-              "head_dim] (last dims contiguous, heads a multiple of kv_heads), got ", q.sizes(), " and ",
-              k_cache.sizes());
+// The (sequence, KV head) tasks of a decode step over a cache of T (float, or int8_t with its scales), on all cores.
+template <typename T>
+at::Tensor run_tasks(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
+                     const float* k_scale = nullptr, const float* v_scale = nullptr, int64_t scale_block = 0,
+                     int64_t scale_token = 0) {
   const auto tables = block_tables.to(at::kLong).contiguous();
   const auto lens = context_lens.to(at::kLong).contiguous();
   const int64_t num_seqs = q.size(0), kv_heads = k_cache.size(2), D = q.size(2), G = q.size(1) / kv_heads;
   const int64_t block_size = k_cache.size(1), width = tables.size(1);
   auto out = at::empty(q.sizes(), q.options());
-  const float *q_ptr = q.data_ptr<float>(), *k_ptr = k_cache.data_ptr<float>(), *v_ptr = v_cache.data_ptr<float>();
+  const float* q_ptr = q.data_ptr<float>();
+  const T *k_ptr = k_cache.data_ptr<T>(), *v_ptr = v_cache.data_ptr<T>();
   const int64_t *table_ptr = tables.data_ptr<int64_t>(), *len_ptr = lens.data_ptr<int64_t>();
   float* out_ptr = out.data_ptr<float>();
-  const auto run = D == 32 ? attend<32> : D == 64 ? attend<64> : D == 128 ? attend<128> : attend<0>;
+  const auto run = D == 32 ? attend<T, 32> : D == 64 ? attend<T, 64> : D == 128 ? attend<T, 128> : attend<T, 0>;
   const int64_t num_tasks = num_seqs * kv_heads;
   std::atomic<int64_t> next{0};
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), num_tasks), 1, [&](int64_t, int64_t) {
@@ -207,10 +238,50 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
       const int64_t s = i / kv_heads, h = i % kv_heads;
       run(q_ptr + s * q.stride(0) + h * G * q.stride(1), q.stride(1), k_ptr + h * k_cache.stride(2),
           v_ptr + h * v_cache.stride(2), k_cache.stride(0), k_cache.stride(1), block_size, table_ptr + s * width,
-          len_ptr[s], G, D, static_cast<float>(scale), out_ptr + i * G * D, D, work.data());
+          len_ptr[s], G, D, static_cast<float>(scale), out_ptr + i * G * D, D, work.data(),
+          k_scale ? k_scale + h : nullptr, v_scale ? v_scale + h : nullptr, scale_block, scale_token);
     }
   });
   return out;
+}
+
+void check_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.strides() == v_cache.strides() && q.size(2) == k_cache.size(3) &&
+                  q.size(1) % k_cache.size(2) == 0 && q.stride(2) == 1 && k_cache.stride(3) == 1,
+              "paged_decode_attention_cpu: q [seqs, heads, head_dim] and caches [blocks, block_size, kv_heads, "
+              "head_dim] (last dims contiguous, heads a multiple of kv_heads), got ", q.sizes(), " and ",
+              k_cache.sizes());
+}
+
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
+  TORCH_CHECK(q.device().is_cpu() && q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
+                  v_cache.scalar_type() == at::kFloat,
+              "paged_decode_attention_cpu takes float32 CPU tensors, got q ", q.scalar_type(), " on ", q.device(),
+              " and a ", k_cache.scalar_type(), " cache");
+  check_decode(q, k_cache, v_cache);
+  return run_tasks<float>(q, k_cache, v_cache, block_tables, context_lens, scale);
+}
+
+// paged_decode_attention over an int8 cache (kv_cache_dtype="int8") and its float32 scales [blocks, block_size,
+// kv_heads], read in place: the int8 numbers become floats in registers, the scales multiply scores and weights.
+at::Tensor paged_decode_attention_int8(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                       const at::Tensor& k_scale, const at::Tensor& v_scale,
+                                       const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
+  TORCH_CHECK(q.device().is_cpu() && q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kChar &&
+                  v_cache.scalar_type() == at::kChar && k_scale.scalar_type() == at::kFloat &&
+                  v_scale.scalar_type() == at::kFloat,
+              "paged_decode_attention_int8_cpu takes a float32 q, int8 caches and float32 scales on the CPU, got q ",
+              q.scalar_type(), " on ", q.device(), ", a ", k_cache.scalar_type(), " cache and ", k_scale.scalar_type(),
+              " scales");
+  check_decode(q, k_cache, v_cache);
+  TORCH_CHECK(k_scale.sizes() == k_cache.sizes().slice(0, 3) && v_scale.sizes() == k_scale.sizes() &&
+                  k_scale.strides() == v_scale.strides() && k_scale.stride(2) == 1,
+              "paged_decode_attention_int8_cpu: scales [blocks, block_size, kv_heads] (kv_heads contiguous), got ",
+              k_scale.sizes(), " for a ", k_cache.sizes(), " cache");
+  return run_tasks<int8_t>(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale.data_ptr<float>(),
+                           v_scale.data_ptr<float>(), k_scale.stride(0), k_scale.stride(1));
 }
 
 // A layer's whole decode attention as one op that a compiled decode step calls directly (CompiledDecodeSteps):
@@ -227,6 +298,19 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale);
 }
 
+// decode_attention over an int8 cache: quantize and store the step's keys and values, then attend.
+at::Tensor decode_attention_int8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k_scale,
+                                 const at::Tensor& v_scale, const at::Tensor& slot_mapping,
+                                 const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
+  static const auto store = c10::Dispatcher::singleton().findSchemaOrThrow("minillm_cpu::store_kvcache_int8", "")
+                                .typed<void(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&,
+                                            at::Tensor&, at::Tensor&, const at::Tensor&, bool)>();
+  at::Tensor k_out = k_cache, v_out = v_cache, ks_out = k_scale, vs_out = v_scale;  // the same tensors, writable
+  store.call(k, v, k_out, v_out, ks_out, vs_out, slot_mapping, false);
+  return paged_decode_attention_int8(q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, scale);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(minillm_cpu, m) {
@@ -234,9 +318,15 @@ TORCH_LIBRARY(minillm_cpu, m) {
         "Tensor context_lens, float scale) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, Tensor slot_mapping, "
         "Tensor block_tables, Tensor context_lens, float scale) -> Tensor");
+  m.def("paged_decode_attention_int8(Tensor q, Tensor k_cache, Tensor v_cache, Tensor k_scale, Tensor v_scale, "
+        "Tensor block_tables, Tensor context_lens, float scale) -> Tensor");
+  m.def("decode_attention_int8(Tensor q, Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, Tensor k_scale, "
+        "Tensor v_scale, Tensor slot_mapping, Tensor block_tables, Tensor context_lens, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(minillm_cpu, CPU, m) {
   m.impl("paged_decode_attention", &paged_decode_attention);
   m.impl("decode_attention", &decode_attention);
+  m.impl("paged_decode_attention_int8", &paged_decode_attention_int8);
+  m.impl("decode_attention_int8", &decode_attention_int8);
 }

@@ -56,6 +56,7 @@ class Attention(nn.Module):
         super().__init__()
         self.num_heads, self.head_dim, self.scale, self.num_kv_heads = num_heads, head_dim, scale, num_kv_heads
         self.k_cache = self.v_cache = torch.tensor([])  # views into the engine's cache, set by the runner
+        self.k_scale = self.v_scale = None  # kv_cache_dtype="int8": the cache's scales [blocks, block_size, kv_heads]
         self.backend = TorchAttentionBackend()  # the platform's, set when an engine loads the model
         self.layer_id = 0  # this layer's index in the step context's attn_layers (set with the backend)
 
@@ -63,7 +64,11 @@ class Attention(nn.Module):
         if torch.compiler.is_compiling():  # inside torch.compile: the backend's decode op, or one opaque op
             ctx = get_context()
             if ctx is not None and not ctx.is_prefill and self.k_cache.numel():
-                out = self.backend.decode_in_graph(q, k, v, self.k_cache, self.v_cache, ctx, self.scale)
+                if self.k_scale is None:
+                    out = self.backend.decode_in_graph(q, k, v, self.k_cache, self.v_cache, ctx, self.scale)
+                else:  # kv_cache_dtype="int8" (decided while tracing: the compiled step holds only one of the two)
+                    kv = self.k_cache, self.v_cache, self.k_scale, self.v_scale
+                    out = self.backend.decode_in_graph_int8(q, k, v, *kv, ctx, self.scale)
                 if out is not None:
                     return out
             return attention_op(q, k, v, self.layer_id)
@@ -73,6 +78,8 @@ class Attention(nn.Module):
         ctx = get_context()
         if ctx is None:
             return causal_attention(q, k, v, self.scale)
+        if self.k_scale is not None:
+            return self.attend_int8(q, k, v, ctx)
         if self.k_cache.numel():
             self.backend.store_kvcache(k, v, self.k_cache, self.v_cache, ctx)
         if ctx.num_decodes:  # a mixed step: its decode rows first, then its prompt chunks
@@ -89,6 +96,21 @@ class Attention(nn.Module):
         if len(q) > n:
             rows = ctx.prefill_rows
             out[n:] = self.backend.prefill(q[n:], k[n:], v[n:], self.k_cache, self.v_cache, rows, self.scale)
+        return out
+
+    def attend_int8(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Context) -> torch.Tensor:
+        """attend over an int8 cache (kv_cache_dtype="int8"): the same steps, each also given the layer's scales,
+        so the backend quantizes what it stores and dequantizes what it reads."""
+        kv, n = (self.k_cache, self.v_cache, self.k_scale, self.v_scale), ctx.num_decodes
+        self.backend.store_kvcache_int8(k, v, *kv, ctx)
+        if not ctx.is_prefill:
+            return self.backend.decode_int8(q, *kv, ctx, self.scale)
+        if not n:
+            return self.backend.prefill_int8(q, k, v, *kv, ctx, self.scale)
+        out = torch.empty_like(q)  # a mixed step, as attend_mixed: its decode rows first, then its prompt chunks
+        out[:n] = self.backend.decode_int8(q[:n], *kv, ctx.decode_rows, self.scale)
+        if len(q) > n:
+            out[n:] = self.backend.prefill_int8(q[n:], k[n:], v[n:], *kv, ctx.prefill_rows, self.scale)
         return out
 
 

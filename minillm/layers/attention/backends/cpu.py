@@ -3,7 +3,13 @@
 import torch
 
 from minillm.layers.attention.backends.torch import TorchAttentionBackend
-from minillm.layers.cpu_kernels import cpu_kernels, paged_decode_attention_cpu, store_kvcache_cpu
+from minillm.layers.cpu_kernels import (
+    cpu_kernels,
+    paged_decode_attention_cpu,
+    paged_decode_attention_int8_cpu,
+    store_kvcache_cpu,
+    store_kvcache_int8_cpu,
+)
 from minillm.layers.paged_attention import paged_decode_attention
 from minillm.utils.context import Context
 
@@ -51,4 +57,25 @@ class CPUAttentionBackend(TorchAttentionBackend):
             return None
         return torch.ops.minillm_cpu.decode_attention(
             q, k, v, k_cache, v_cache, ctx.slot_mapping, ctx.block_tables, ctx.context_lens, scale
+        )
+
+    # kv_cache_dtype="int8": the kernels quantize as they store and convert in registers as they read
+    def store_kvcache_int8(self, k, v, k_cache, v_cache, k_scale, v_scale, ctx: Context) -> None:
+        if self.native(k):
+            store_kvcache_int8_cpu(k, v, k_cache, v_cache, k_scale, v_scale, ctx.slot_mapping, ctx.is_prefill)
+        else:
+            super().store_kvcache_int8(k, v, k_cache, v_cache, k_scale, v_scale, ctx)
+
+    def decode_int8(self, q, k_cache, v_cache, k_scale, v_scale, ctx: Context, scale: float) -> torch.Tensor:
+        if self.native(q):
+            return paged_decode_attention_int8_cpu(
+                q, k_cache, v_cache, k_scale, v_scale, ctx.block_tables, ctx.context_lens, scale
+            )
+        return super().decode_int8(q, k_cache, v_cache, k_scale, v_scale, ctx, scale)
+
+    def decode_in_graph_int8(self, q, k, v, k_cache, v_cache, k_scale, v_scale, ctx: Context, scale: float):
+        if not self.native(q):
+            return None
+        return torch.ops.minillm_cpu.decode_attention_int8(
+            q, k, v, k_cache, v_cache, k_scale, v_scale, ctx.slot_mapping, ctx.block_tables, ctx.context_lens, scale
         )

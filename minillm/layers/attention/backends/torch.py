@@ -3,11 +3,16 @@
 import torch
 
 from minillm.layers.paged_attention import (
+    dequantize_kv,
     gather_context,
+    gather_context_int8,
     paged_decode_attention,
+    paged_decode_attention_int8,
     prefill_attention,
+    quantize_kv,
     store_decode_kvcache,
     store_kvcache,
+    store_kvcache_int8,
 )
 from minillm.utils.context import Context
 
@@ -37,4 +42,28 @@ class TorchAttentionBackend:
         """A decode step's store and attention as one op a compiled step calls directly (no Python in between),
         reading the step's tensors from the graph's inputs; None where the backend has none (then the compiled
         step calls the opaque attention_op)."""
+        return None
+
+    # kv_cache_dtype="int8" (chapter 14): the same steps over an int8 cache, each with its scales (k_scale, v_scale:
+    # [num_blocks, block_size, kv_heads], float32). What attention reads is always what the cache holds: dequantized.
+
+    def store_kvcache_int8(self, k, v, k_cache, v_cache, k_scale, v_scale, ctx: Context) -> None:
+        store_kvcache_int8(k, v, k_cache, v_cache, k_scale, v_scale, ctx.slot_mapping, decode=not ctx.is_prefill)
+
+    def prefill_int8(self, q, k, v, k_cache, v_cache, k_scale, v_scale, ctx: Context, scale: float) -> torch.Tensor:
+        if ctx.block_tables is not None:  # earlier keys from the cache, dequantized (this step's are stored already)
+            k = gather_context_int8(k_cache, k_scale, ctx.block_tables, ctx.cu_seqlens_k_cpu, q.dtype)
+            v = gather_context_int8(v_cache, v_scale, ctx.block_tables, ctx.cu_seqlens_k_cpu, q.dtype)
+        else:  # a plain prefill could attend to its own float keys; it reads them as the cache holds them instead,
+            # so a prompt computes the same whole, in chunks, after a cached prefix, or recomputed after preemption
+            k, v = dequantize_kv(*quantize_kv(k), q.dtype), dequantize_kv(*quantize_kv(v), q.dtype)
+        return prefill_attention(q, k, v, ctx.cu_seqlens_q_cpu, ctx.cu_seqlens_k_cpu, scale)
+
+    def decode_int8(self, q, k_cache, v_cache, k_scale, v_scale, ctx: Context, scale: float) -> torch.Tensor:
+        return paged_decode_attention_int8(
+            q, k_cache, v_cache, k_scale, v_scale, ctx.block_tables, ctx.context_lens, scale
+        )
+
+    def decode_in_graph_int8(self, q, k, v, k_cache, v_cache, k_scale, v_scale, ctx: Context, scale: float):
+        """decode_in_graph over an int8 cache; None: the compiled step calls the opaque attention_op."""
         return None

@@ -30,3 +30,12 @@ class TritonAttentionBackend(TorchAttentionBackend):
 
     def decode(self, q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
         return self.kernels.paged_decode_attention(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale)
+
+    # kv_cache_dtype="int8": the store kernel quantizes, the decode kernel loads int8 numbers and their scales
+    def store_kvcache_int8(self, k, v, k_cache, v_cache, k_scale, v_scale, ctx: Context) -> None:
+        self.kernels.store_kvcache_int8(k, v, k_cache, v_cache, k_scale, v_scale, ctx.slot_mapping)
+
+    def decode_int8(self, q, k_cache, v_cache, k_scale, v_scale, ctx: Context, scale: float) -> torch.Tensor:
+        return self.kernels.paged_decode_attention(
+            q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale, k_scale, v_scale
+        )

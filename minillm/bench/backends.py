@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from minillm import LLM, SamplingParams
 from minillm.bench.breakdown import StepBreakdown, find, wrapped
 from minillm.bench.memory import engine_growth, process_memory
-from minillm.bench.models import num_parameters
+from minillm.bench.models import num_parameters, weight_bytes
 from minillm.bench.workloads import Workload
 from minillm.config import Config, ModelConfig, resolve_dtype
 from minillm.layers.cpu_kernels import release_freed_memory
@@ -59,12 +59,17 @@ class Models:
         after = process_memory() if on_cpu else None
         dtype = getattr(torch, llm.config.dtype)
         kv_cache = getattr(llm.model_runner, "kv_cache", None)
+        scales = getattr(llm.model_runner, "kv_scales", None)  # an int8 cache's scales (kv_cache_dtype="int8")
         self.memory = engine_growth(
             before,
             after,
-            num_parameters(self.path) * dtype.itemsize,
+            weight_bytes(llm.model_runner.model)
+            if llm.config.quantization
+            else num_parameters(self.path) * dtype.itemsize,
             self.engine_option("kvcache_memory_bytes"),
-            kv_cache.nbytes if isinstance(kv_cache, torch.Tensor) else None,
+            kv_cache.nbytes + (scales.nbytes if isinstance(scales, torch.Tensor) else 0)
+            if isinstance(kv_cache, torch.Tensor)
+            else None,
         )
         return llm
 

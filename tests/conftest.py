@@ -2,6 +2,8 @@ import pytest
 import torch
 from checkpoints import make_checkpoint  # tests/ is on sys.path: this file lives there
 
+from minillm.engine.scheduler import Scheduler
+
 pytest_plugins = ["minillm.course.pytest_plugin"]
 
 # The test models are tiny: one thread avoids OpenMP's start-up and hand-off costs on every small matmul.
@@ -14,6 +16,36 @@ def tiny_checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-qwen3")
     make_checkpoint("qwen3-gqa-tied", path)
     return path
+
+
+@pytest.fixture
+def counters(monkeypatch):
+    """Counts of what the scheduler did, to prove each setting exercised its path."""
+    counts = {"preempt": 0, "chunks": 0, "cached_tokens": 0, "mixed": 0}
+    preempt, prefill, schedule = Scheduler.preempt, Scheduler.schedule_prefill, Scheduler.schedule
+
+    def count_mixed(self):
+        seqs, is_prefill = schedule(self)
+        decodes = [s for s in seqs if s.num_scheduled_tokens == 1 and s.num_completion_tokens]
+        counts["mixed"] += bool(decodes) and any(s.num_scheduled_tokens > 1 for s in seqs)
+        return seqs, is_prefill
+
+    def count_preempt(self, seq):
+        counts["preempt"] += 1
+        preempt(self, seq)
+
+    def count_prefill(self, budget):
+        seqs = prefill(self, budget)
+        counts["chunks"] += sum(not s.samples_this_step for s in seqs)
+        counts["cached_tokens"] += sum(
+            s.num_cached_tokens for s in seqs if s.num_computed_tokens == min(s.num_cached_tokens, len(s) - 1)
+        )
+        return seqs
+
+    monkeypatch.setattr(Scheduler, "preempt", count_preempt)
+    monkeypatch.setattr(Scheduler, "schedule_prefill", count_prefill)
+    monkeypatch.setattr(Scheduler, "schedule", count_mixed)
+    return counts
 
 
 def pytest_collection_modifyitems(config, items):

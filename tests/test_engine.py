@@ -6,7 +6,6 @@ from checkpoints import CONFIGS, make_checkpoint
 
 from minillm import LLM, SamplingParams
 from minillm.bench.stall import stall_probe, summarize
-from minillm.engine.scheduler import Scheduler
 from minillm.models import build_model
 from minillm.naive import generate_cached, generate_naive, generate_static
 
@@ -48,36 +47,6 @@ def reference(tmp_path_factory):
         return made[name]
 
     return get
-
-
-@pytest.fixture
-def counters(monkeypatch):
-    """Counts of what the scheduler did, to prove each setting exercised its path."""
-    counts = {"preempt": 0, "chunks": 0, "cached_tokens": 0, "mixed": 0}
-    preempt, prefill, schedule = Scheduler.preempt, Scheduler.schedule_prefill, Scheduler.schedule
-
-    def count_mixed(self):
-        seqs, is_prefill = schedule(self)
-        decodes = [s for s in seqs if s.num_scheduled_tokens == 1 and s.num_completion_tokens]
-        counts["mixed"] += bool(decodes) and any(s.num_scheduled_tokens > 1 for s in seqs)
-        return seqs, is_prefill
-
-    def count_preempt(self, seq):
-        counts["preempt"] += 1
-        preempt(self, seq)
-
-    def count_prefill(self, budget):
-        seqs = prefill(self, budget)
-        counts["chunks"] += sum(not s.samples_this_step for s in seqs)
-        counts["cached_tokens"] += sum(
-            s.num_cached_tokens for s in seqs if s.num_computed_tokens == min(s.num_cached_tokens, len(s) - 1)
-        )
-        return seqs
-
-    monkeypatch.setattr(Scheduler, "preempt", count_preempt)
-    monkeypatch.setattr(Scheduler, "schedule_prefill", count_prefill)
-    monkeypatch.setattr(Scheduler, "schedule", count_mixed)
-    return counts
 
 
 # every architecture with the default settings and with speculation; every setting on one (scheduling ignores the

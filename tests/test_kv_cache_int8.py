@@ -16,7 +16,6 @@ import torch  # noqa: E402
 from minillm import LLM, SamplingParams, kernels  # noqa: E402
 from minillm.config import Config, ModelConfig  # noqa: E402
 from minillm.engine import kv_cache  # noqa: E402
-from minillm.engine.scheduler import Scheduler  # noqa: E402
 from minillm.layers import paged_attention as ref  # noqa: E402
 from minillm.layers.attention import Attention  # noqa: E402
 from minillm.layers.attention.backends import CPUAttentionBackend  # noqa: E402
@@ -214,36 +213,6 @@ def naive_int8(tiny_checkpoint):
             naive_generate, "temporary_kv_cache", functools.partial(kv_cache.temporary_kv_cache, kv_cache_dtype="int8")
         )
         return [list(generate_cached(model, p, GREEDY.max_tokens)) for p in prompts()]
-
-
-@pytest.fixture
-def counters(monkeypatch):
-    """What the scheduler did: preemptions, prompt chunks that sampled nothing, prefix-cache hits, mixed steps."""
-    counts = {"preempt": 0, "chunks": 0, "cached_tokens": 0, "mixed": 0}
-    preempt, prefill, schedule = Scheduler.preempt, Scheduler.schedule_prefill, Scheduler.schedule
-
-    def count_schedule(self):
-        seqs, is_prefill = schedule(self)
-        decodes = any(s.num_scheduled_tokens == 1 and s.num_completion_tokens for s in seqs)
-        counts["mixed"] += decodes and any(s.num_scheduled_tokens > 1 for s in seqs)
-        return seqs, is_prefill
-
-    def count_preempt(self, seq):
-        counts["preempt"] += 1
-        preempt(self, seq)
-
-    def count_prefill(self, budget):
-        seqs = prefill(self, budget)
-        counts["chunks"] += sum(not s.samples_this_step for s in seqs)
-        counts["cached_tokens"] += sum(
-            s.num_cached_tokens for s in seqs if s.num_computed_tokens == min(s.num_cached_tokens, len(s) - 1)
-        )
-        return seqs
-
-    monkeypatch.setattr(Scheduler, "preempt", count_preempt)
-    monkeypatch.setattr(Scheduler, "schedule_prefill", count_prefill)
-    monkeypatch.setattr(Scheduler, "schedule", count_schedule)
-    return counts
 
 
 SETTINGS = {  # each with the counter that proves it took its path

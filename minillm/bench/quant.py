@@ -35,7 +35,9 @@ GGUF_CACHE = Path("results/gguf")
 
 def engine(path: Path, variant: str, eager: bool) -> tuple[LLM, Path | None]:
     """The variant's engine and the GGUF file llama.cpp runs against it."""
-    options = dict(enforce_eager=eager, skip_tokenizer_init=not (path / "tokenizer.json").is_file())
+    options = dict(
+        enforce_eager=eager, skip_tokenizer_init=True
+    )  # token ids only: the checkpoint's tokenizer makes them
     if variant in ("fp32", "int8"):
         try:
             peer = export(path, GGUF_CACHE, "q8_0" if variant == "int8" else "f32")
@@ -81,6 +83,8 @@ def decode(llm: LLM, peer: Path | None, prompts: list[list[int]], output_len: in
 def measure(path: Path, args) -> dict:
     """Every variant on the same prompts: bytes, decode rate(s), quality against fp32."""
     prompts = text_prompts(path, args.prompts + 1, args.input_len, args.seed)
+    # the evaluation text in the checkpoint's tokenizer (a GGUF written from it has none of its own)
+    text = eval_tokens(Tokenizer(path), path) if (path / "tokenizer.json").is_file() else None
     params, peer_wanted = num_parameters(path), args.peer == "llama-cpp" and not llamacpp.unavailable()
     if args.peer and not peer_wanted:
         print(f"llama.cpp peer skipped: {llamacpp.unavailable()}")
@@ -93,8 +97,8 @@ def measure(path: Path, args) -> dict:
             reference = dict(name=variant, llm=llm)
         r = dict(bytes_per_weight=weight_bytes(llm.model_runner.model) / params)
         r["decode_tokens_per_second"] = decode(llm, peer if peer_wanted and peer else None, prompts, args.output_len)
-        if llm.tokenizer is not None:
-            r["quality"] = quality(llm, None if reference["llm"] is llm else reference["llm"])
+        if text is not None:
+            r["quality"] = quality(llm, None if reference["llm"] is llm else reference["llm"], text)
         results[variant] = r
         line = f"{variant:>5}: {r['bytes_per_weight']:.2f} bytes/weight, decode {r['decode_tokens_per_second']['minillm']:6.1f} tok/s"
         if "llama_cpp" in r["decode_tokens_per_second"]:
@@ -164,32 +168,26 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def plot(results: dict, title: str, path: Path) -> None:
-    """Decode tokens/s (and llama.cpp's) and perplexity, each against the bytes per weight."""
-    fig, axes = figure(10, 3.6, ncols=2)
-    a1, a2 = axes[0]
+    """Decode tokens/s (and llama.cpp's) and, where measured, perplexity, each against the bytes per weight, each
+    point named (the names alternate above and below, as int8 and q8_0 lie close together)."""
+    quality = all("quality" in r for r in results.values())
+    fig, axes = figure(10 if quality else 5.5, 3.6, ncols=2 if quality else 1)
     x = [r["bytes_per_weight"] for r in results.values()]
-    a1.plot(x, [r["decode_tokens_per_second"]["minillm"] for r in results.values()], "o-", label="minillm")
-    if all("llama_cpp" in r["decode_tokens_per_second"] for r in results.values()):
-        a1.plot(x, [r["decode_tokens_per_second"]["llama_cpp"] for r in results.values()], "s--", label="llama.cpp")
-    for name, r in results.items():
-        a1.annotate(
-            name,
-            (r["bytes_per_weight"], r["decode_tokens_per_second"]["minillm"]),
-            fontsize=8,
-            xytext=(4, 4),
-            textcoords="offset points",
-        )
-    a1.set(xlabel="bytes per weight", ylabel="batch-1 decode tokens/s", xscale="log")
-    a1.legend()
-    if all("quality" in r for r in results.values()):
-        a2.plot(x, [r["quality"]["perplexity"] for r in results.values()], "o-", color="tab:red")
-        for name, r in results.items():
-            a2.annotate(
-                name,
-                (r["bytes_per_weight"], r["quality"]["perplexity"]),
-                fontsize=8,
-                xytext=(4, 4),
-                textcoords="offset points",
-            )
-        a2.set(xlabel="bytes per weight", ylabel="held-out perplexity", xscale="log")
+
+    def points(ax, ys, ylabel, *style, **options):
+        ax.plot(x, ys, *style, **options)
+        for i, (name, xy) in enumerate(zip(results, zip(x, ys))):
+            ax.annotate(name, xy, fontsize=8, xytext=(4, 6 if i % 2 else -12), textcoords="offset points")
+        ax.set(xlabel="bytes per weight", ylabel=ylabel)
+        ax.grid(alpha=0.3)
+
+    tokens = [r["decode_tokens_per_second"] for r in results.values()]
+    points(axes[0][0], [t["minillm"] for t in tokens], "batch-1 decode tokens/s", "o-", label="minillm")
+    peer = [(b, t["llama_cpp"]) for b, t in zip(x, tokens) if "llama_cpp" in t]  # variants with a GGUF for it
+    if peer:
+        axes[0][0].plot(*zip(*peer), "s--", label="llama.cpp, the same GGUF")
+    axes[0][0].legend(fontsize=8)
+    if quality:
+        perplexity = [r["quality"]["perplexity"] for r in results.values()]
+        points(axes[0][1], perplexity, "held-out perplexity", "o-", color="tab:red")
     save(fig, title, path)

@@ -91,25 +91,33 @@ def minillm_generate(llm: LLM, prompt: list[int], max_tokens: int) -> tuple[list
     return out.token_ids, *seconds
 
 
-def run_both(path: Path, llm: LLM, gguf_path: Path, prompts: list[list[int]], output_len: int, threads: int) -> dict:
-    """Each prompt through minillm, then through llama.cpp, then the next prompt: the two engines alternate,
-    so a machine whose load changes during the run disturbs both alike. Per engine: tokens, and prompt and
-    decode tokens/s per prompt."""
-    peer = load(gguf_path, max(len(p) for p in prompts) + output_len, threads)
-    runs = {"minillm": [], "llama_cpp": []}
+def run_in_turns(engines: dict, prompts: list[list[int]], output_len: int, threads: int) -> dict:
+    """engines: name -> (a minillm LLM, the GGUF llama.cpp runs beside it or None). Each prompt goes through every
+    engine in turn, llama.cpp after its minillm, then the next prompt: the engines take turns, so a machine whose
+    load changes during the run disturbs all alike. Per name, "minillm" and (with a GGUF) "llama_cpp": tokens, and
+    prompt and decode tokens/s per prompt."""
+    n_ctx = max(len(p) for p in prompts) + output_len
+    peers = {name: load(gguf, n_ctx, threads) for name, (_, gguf) in engines.items() if gguf is not None}
+    runs = {name: {"minillm": []} | ({"llama_cpp": []} if name in peers else {}) for name in engines}
     try:
         for prompt in prompts:
-            runs["minillm"].append(minillm_generate(llm, prompt, output_len))
-            runs["llama_cpp"].append(generate(peer, prompt, output_len))
+            for name, (llm, _) in engines.items():
+                runs[name]["minillm"].append(minillm_generate(llm, prompt, output_len))
+                if name in peers:
+                    runs[name]["llama_cpp"].append(generate(peers[name], prompt, output_len))
     finally:
-        peer.close()
+        for peer in peers.values():
+            peer.close()
     return {
-        name: dict(
-            token_ids=[r[0] for r in rs],
-            prompt_tps=[len(p) / r[1] for p, r in zip(prompts, rs)],
-            decode_tps=[(output_len - 1) / r[2] if r[2] else 0.0 for r in rs],
-        )
-        for name, rs in runs.items()
+        name: {
+            engine: dict(
+                token_ids=[r[0] for r in rs],
+                prompt_tps=[len(p) / r[1] for p, r in zip(prompts, rs)],
+                decode_tps=[(output_len - 1) / r[2] if r[2] else 0.0 for r in rs],
+            )
+            for engine, rs in by_engine.items()
+        }
+        for name, by_engine in runs.items()
     }
 
 
@@ -143,7 +151,7 @@ def compare(
         return dict(llama_cpp=dict(unavailable=why))
     threads = torch.get_num_threads()
     gguf_path, weights = peer_gguf(path, engine_options or {}, cache_dir or CACHE_DIR)
-    runs = run_both(path, llm, gguf_path, prompts, output_len, threads)
+    runs = run_in_turns({"": (llm, gguf_path)}, prompts, output_len, threads)[""]
     out = {}
     for name, run in runs.items():
         out[name] = dict(

@@ -6,7 +6,8 @@ q4_1 (a GGUF of that type written from the checkpoint, then run in its blocks). 
 reads per weight, batch-1 decode tokens/s (decode steps compiled; --eager: op by op), held-out perplexity, and its
 agreement with fp32 (the same next token, teacher-forced; the same greedy output, generated). With --peer
 llama-cpp, llama.cpp runs on each variant's GGUF (gguf: the same file; int8: Q8_0; fp32: F32) with the same
-threads, the two engines alternating prompt by prompt; minillm's ratio is of the medians.
+threads. Every engine takes its turn on each prompt before the next prompt (the variants and llama.cpp
+alternate), so a machine whose load changes disturbs all alike; ratios are of the medians.
 
 python -m minillm.bench quant --random-size 100m --variants fp32,int8,q8_0,q4_1 --peer llama-cpp
 python -m minillm.bench quant --model HuggingFaceTB/SmolLM2-135M-Instruct --variants fp32,int8,gguf --peer llama-cpp
@@ -63,46 +64,54 @@ def text_prompts(path: Path, n: int, length: int, seed: int) -> list[list[int]]:
     return [ids[i * length : (i + 1) * length] for i in range(n)]
 
 
-def decode(llm: LLM, peer: Path | None, prompts: list[list[int]], output_len: int) -> dict:
-    """Batch-1 decode tokens/s, median over the prompts after the first (a warm-up), minillm's and, with a peer
-    file, llama.cpp's, alternating prompt by prompt; both engines' greedy tokens."""
-    if peer is None:
-        tps = [(output_len - 1) / llamacpp.minillm_generate(llm, p, output_len)[2] for p in prompts]
-        return dict(minillm=statistics.median(tps[1:]), minillm_tps=tps)
-    runs = llamacpp.run_both(llm.model_path, llm, peer, prompts, output_len, torch.get_num_threads())
-    same = sum(a == b for a, b in zip(runs["minillm"]["token_ids"], runs["llama_cpp"]["token_ids"]))
-    return dict(
-        minillm=statistics.median(runs["minillm"]["decode_tps"][1:]),
-        llama_cpp=statistics.median(runs["llama_cpp"]["decode_tps"][1:]),
-        minillm_tps=runs["minillm"]["decode_tps"],
-        llama_cpp_tps=runs["llama_cpp"]["decode_tps"],
-        same_tokens_as_llama_cpp=same / len(prompts),
-    )
+def decode(engines: dict, prompts: list[list[int]], output_len: int) -> dict:
+    """Batch-1 decode tokens/s of every variant (and of llama.cpp on its GGUF where one is given), the engines taking
+    turns prompt by prompt; medians over the prompts after the first (a warm-up). Both engines' greedy tokens."""
+    runs = llamacpp.run_in_turns(engines, prompts, output_len, torch.get_num_threads())
+    out = {}
+    for variant, run in runs.items():
+        r = dict(minillm=statistics.median(run["minillm"]["decode_tps"][1:]), minillm_tps=run["minillm"]["decode_tps"])
+        if "llama_cpp" in run:
+            same = sum(a == b for a, b in zip(run["minillm"]["token_ids"], run["llama_cpp"]["token_ids"]))
+            r |= dict(
+                llama_cpp=statistics.median(run["llama_cpp"]["decode_tps"][1:]),
+                llama_cpp_tps=run["llama_cpp"]["decode_tps"],
+                same_tokens_as_llama_cpp=same / len(prompts),
+            )
+        out[variant] = r
+    return out
 
 
 def measure(path: Path, args) -> dict:
-    """Every variant on the same prompts: bytes, decode rate(s), quality against fp32."""
+    """Every variant on the same prompts, the engines alive together so that their decode runs take turns: bytes,
+    decode rate(s), quality against the first variant (fp32 by default)."""
     prompts = text_prompts(path, args.prompts + 1, args.input_len, args.seed)
     # the evaluation text in the checkpoint's tokenizer (a GGUF written from it has none of its own)
     text = eval_tokens(Tokenizer(path), path) if (path / "tokenizer.json").is_file() else None
     params, peer_wanted = num_parameters(path), args.peer == "llama-cpp" and not llamacpp.unavailable()
     if args.peer and not peer_wanted:
         print(f"llama.cpp peer skipped: {llamacpp.unavailable()}")
-    reference, results = None, {}
+    engines = {}
     for variant in args.variants:
         llm, peer = engine(path, variant, args.eager)
         if not args.eager:
             llm.model_runner.graphs.capture(max_batch=1)  # batch 1's compiled step, built before any clock
-        if reference is None:  # the first variant, fp32 by default, is what the others are compared with
-            reference = dict(name=variant, llm=llm)
-        r = dict(bytes_per_weight=weight_bytes(llm.model_runner.model) / params)
-        r["decode_tokens_per_second"] = decode(llm, peer if peer_wanted and peer else None, prompts, args.output_len)
+        engines[variant] = (llm, peer if peer_wanted else None)
+    rates = decode(engines, prompts, args.output_len)
+    reference = engines[args.variants[0]][0]
+    results = {}
+    for variant, (llm, _) in engines.items():
+        r = dict(
+            bytes_per_weight=weight_bytes(llm.model_runner.model) / params, decode_tokens_per_second=rates[variant]
+        )
         if text is not None:
-            r["quality"] = quality(llm, None if reference["llm"] is llm else reference["llm"], text)
+            r["quality"] = quality(llm, None if reference is llm else reference, text)
+        r["speedup_over_" + args.variants[0]] = rates[variant]["minillm"] / rates[args.variants[0]]["minillm"]
         results[variant] = r
-        line = f"{variant:>5}: {r['bytes_per_weight']:.2f} bytes/weight, decode {r['decode_tokens_per_second']['minillm']:6.1f} tok/s"
-        if "llama_cpp" in r["decode_tokens_per_second"]:
-            d = r["decode_tokens_per_second"]
+        line = f"{variant:>5}: {r['bytes_per_weight']:.2f} bytes/weight, decode {rates[variant]['minillm']:6.1f} tok/s"
+        line += f" ({r['speedup_over_' + args.variants[0]]:.2f}x {args.variants[0]})"
+        if "llama_cpp" in rates[variant]:
+            d = rates[variant]
             line += f", llama.cpp {d['llama_cpp']:6.1f} ({d['minillm'] / d['llama_cpp']:.2f}x)"
         if "quality" in r:
             q = r["quality"]
@@ -110,11 +119,6 @@ def measure(path: Path, args) -> dict:
             if "perplexity_change" in q:
                 line += f" ({q['perplexity_change']:+.2%}), next-token agreement {q['greedy_agreement']:.1%}"
         print(line, flush=True)
-        if reference["llm"] is not llm:
-            del llm
-    base = results[reference["name"]]["decode_tokens_per_second"]["minillm"]
-    for r in results.values():
-        r["speedup_over_" + reference["name"]] = r["decode_tokens_per_second"]["minillm"] / base
     return results
 
 

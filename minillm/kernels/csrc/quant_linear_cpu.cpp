@@ -38,7 +38,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <c10/util/Half.h>
 #include <immintrin.h>
 #include <torch/library.h>
@@ -48,6 +47,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "linear_tile.h"
 
@@ -307,10 +307,14 @@ template <class F>
 void decode(const float* x, int64_t rows, int64_t in, const uint8_t* w, int64_t row_bytes, const float* scale,
             const float* bias, float* y, int64_t out) {
   const int64_t blocks = in / BLOCK, padded = (blocks + STEP - 1) / STEP * STEP;
-  auto quantized = at::zeros({rows, padded * BLOCK}, at::kChar);
-  auto scales = at::zeros({rows, padded, 2}, at::kFloat);
-  int8_t* q = quantized.data_ptr<int8_t>();
-  float* s = scales.data_ptr<float>();
+  // scratch of the calling thread, reused call after call (a decode step makes dozens of these calls, and two
+  // allocations each cost as much as a small matrix's arithmetic); zeros past each row's blocks
+  thread_local std::vector<int8_t> quantized;
+  thread_local std::vector<float> scales;
+  quantized.assign(rows * padded * BLOCK, 0);
+  scales.assign(rows * padded * 2, 0.f);
+  int8_t* q = quantized.data();
+  float* s = scales.data();
   at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t b = 0, at = r * padded; b < blocks; ++b, ++at) {

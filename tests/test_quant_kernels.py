@@ -17,7 +17,7 @@ from gguf.quants import quantize
 from minillm.layers.cpu_kernels import cpu_kernels
 from minillm.quantization import formats
 from minillm.quantization.formats import BLOCK, BLOCK_BYTES, I8, NAMES, Q4_0, Q4_1, Q8_0
-from minillm.quantization.kernels import quant_isa, quant_linear
+from minillm.quantization.kernels import pack_int8, packed_int8_rows, packed_int8_shape, quant_isa, quant_linear
 
 if not cpu_kernels():
     pytest.skip("the CPU kernels could not be built here (see the warning)", allow_module_level=True)
@@ -38,6 +38,25 @@ def random_weight(qtype: int, out: int, inputs: int, seed: int):
     return torch.from_numpy(quantize(w, GGMLQuantizationType(qtype))), None
 
 
+def kernel(x, weight, scale=None, bias=None, *, qtype, out_features):
+    """quant_linear on a weight as the reference takes it: an int8 one packed first, as the int8 method stores it."""
+    weight = pack_int8(weight) if qtype == I8 else weight
+    return quant_linear(x, weight, scale, bias, qtype=qtype, out_features=out_features)
+
+
+@pytest.mark.parametrize("out", [1, 4, 6, 17])
+def test_pack_int8_groups_rows_block_by_block(out):
+    """Element [g, b, j] of the packed weight is block b of row 4g + j; rows come back by id; padding is zeros."""
+    q = torch.randint(-127, 128, (out, 96), dtype=torch.int8)
+    packed = pack_int8(q)
+    assert packed.shape == packed_int8_shape(out, 96) == (-(-out // 4), 3, 4, 32)
+    for row in range(out):
+        assert torch.equal(packed[row // 4, 2, row % 4], q[row, 64:])
+    assert torch.equal(packed_int8_rows(packed, torch.arange(out).flip(0)), q.flip(0))
+    padding = torch.arange(packed.shape[0] * 4) >= out
+    assert not packed.transpose(1, 2).flatten(0, 1)[padding].any()
+
+
 @pytest.mark.parametrize("bias", [False, True], ids=["", "bias"])
 @pytest.mark.parametrize("rows,inputs,out", SHAPES, ids=[f"{r}x{i}x{o}" for r, i, o in SHAPES])
 @pytest.mark.parametrize("qtype", QTYPES, ids=[NAMES[q] for q in QTYPES])
@@ -46,7 +65,7 @@ def test_kernel_equals_the_reference(qtype, rows, inputs, out, bias):
     g = torch.Generator().manual_seed(inputs)
     x, b = torch.randn(rows, inputs, generator=g), torch.randn(out, generator=g) if bias else None
     expected = formats.quant_linear_reference(x, weight, qtype, scale, b)
-    y = quant_linear(x, weight, scale, b, qtype=qtype, out_features=out)
+    y = kernel(x, weight, scale, b, qtype=qtype, out_features=out)
     assert y.shape == (rows, out) and y.dtype == torch.float32
     assert (y - expected).abs().max() <= RTOL * expected.abs().max()
 
@@ -93,7 +112,7 @@ def test_exact_integer_sums(qtype, rows):
     g = torch.Generator().manual_seed(rows)
     weight, scale = exact_weight(qtype, 40, 256, g)
     x, bias = exact_activations(rows, 256, g), torch.randint(-8, 9, (40,), generator=g) / 4
-    y = quant_linear(x, weight, scale, bias, qtype=qtype, out_features=40)
+    y = kernel(x, weight, scale, bias, qtype=qtype, out_features=40)
     assert torch.equal(y, formats.quant_linear_reference(x, weight, qtype, scale, bias))
     assert rows == 1 or torch.equal(y[0], bias)
 
@@ -127,7 +146,7 @@ def test_activations_are_quantized_to_the_bit(rows):
     x = torch.from_numpy(blocks).view(rows, -1)
     x[0, :BLOCK] = torch.cat([torch.tensor([127.0]), torch.arange(-15.5, 15)])  # inverse 1: the halves to even
     eye = torch.eye(x.shape[1], dtype=torch.int8)
-    y = quant_linear(x, eye, torch.ones(x.shape[1]), qtype=I8, out_features=x.shape[1])
+    y = kernel(x, eye, torch.ones(x.shape[1]), qtype=I8, out_features=x.shape[1])
     assert torch.equal(y, formats.quant_linear_reference(x, eye, I8, torch.ones(x.shape[1])))
 
 
@@ -137,11 +156,11 @@ def test_threads_split_the_outputs_and_the_rows(qtype):
     in two chunks; the same results as on one."""
     weight, scale = random_weight(qtype, 17, 576, seed=qtype)
     x = torch.randn(300, 576, generator=torch.Generator().manual_seed(0))
-    one = [quant_linear(x[:n], weight, scale, qtype=qtype, out_features=17) for n in (3, 300)]
+    one = [kernel(x[:n], weight, scale, qtype=qtype, out_features=17) for n in (3, 300)]
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        two = [quant_linear(x[:n], weight, scale, qtype=qtype, out_features=17) for n in (3, 300)]
+        two = [kernel(x[:n], weight, scale, qtype=qtype, out_features=17) for n in (3, 300)]
     finally:
         torch.set_num_threads(threads)
     assert all(torch.equal(a, b) for a, b in zip(one, two))
@@ -150,9 +169,9 @@ def test_threads_split_the_outputs_and_the_rows(qtype):
 def test_keeps_leading_dimensions_and_takes_strided_rows():
     weight, _ = random_weight(Q4_0, 9, 64, seed=0)
     x = torch.randn(2, 3, 128)[..., ::2]
-    y = quant_linear(x, weight, qtype=Q4_0, out_features=9)
+    y = kernel(x, weight, qtype=Q4_0, out_features=9)
     assert y.shape == (2, 3, 9)
-    assert torch.equal(y.view(6, 9), quant_linear(x.reshape(6, 64), weight, qtype=Q4_0, out_features=9))
+    assert torch.equal(y.view(6, 9), kernel(x.reshape(6, 64), weight, qtype=Q4_0, out_features=9))
 
 
 def test_an_opaque_op_with_a_fake_for_torch_compile():
@@ -168,7 +187,8 @@ def bad(x=None, weight=None, scale=None, bias=None, qtype=Q4_0, out=4, inputs=64
     """quant_linear with one argument wrong, the rest a valid Q4_0 call (an int8 one for qtype I8)."""
     x = torch.randn(2, inputs) if x is None else x
     if weight is None:
-        weight = torch.zeros(out, inputs, dtype=torch.int8) if qtype == I8 else torch.zeros(out, 36, dtype=torch.uint8)
+        weight = (torch.zeros(packed_int8_shape(out, inputs), dtype=torch.int8) if qtype == I8
+                  else torch.zeros(out, 36, dtype=torch.uint8))  # fmt: skip
     return torch.ops.minillm_cpu.quant_linear(x, weight, scale, bias, qtype, out)
 
 
@@ -182,11 +202,24 @@ def bad(x=None, weight=None, scale=None, bias=None, qtype=Q4_0, out=4, inputs=64
         (lambda: bad(weight=torch.zeros(4, 34, dtype=torch.uint8)), r"bytes do not match.*\[4, 36\]"),
         (lambda: bad(weight=torch.zeros(4, 36, dtype=torch.uint8), qtype=Q8_0), r"bytes do not match.*\[4, 68\]"),
         (lambda: bad(out=5, weight=torch.zeros(4, 36, dtype=torch.uint8)), "bytes do not match"),
+        (lambda: bad(qtype=I8, weight=torch.zeros(4, 64, dtype=torch.int8)), r"packed .*pack_int8.*\[1, 2, 4, 32\]"),
         (lambda: bad(qtype=I8), "row scales"),
         (lambda: bad(qtype=I8, scale=torch.ones(3)), "row scales"),
         (lambda: bad(bias=torch.ones(4, dtype=torch.float64)), "bias"),
     ],
-    ids=["x-dtype", "in", "qtype", "weight-dtype", "q4-bytes", "q8-bytes", "out", "no-scale", "scale-size", "bias"],
+    ids=[
+        "x-dtype",
+        "in",
+        "qtype",
+        "weight-dtype",
+        "q4-bytes",
+        "q8-bytes",
+        "out",
+        "int8-unpacked",
+        "no-scale",
+        "scale-size",
+        "bias",
+    ],
 )
 def test_bad_inputs_name_the_problem(call, message):
     with pytest.raises(RuntimeError, match=message):
@@ -214,14 +247,20 @@ from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 from minillm.layers.cpu_kernels import cpu_kernels
 from minillm.quantization import formats
-from minillm.quantization.kernels import quant_isa, quant_linear
+from minillm.quantization.kernels import pack_int8, quant_isa, quant_linear
 assert cpu_kernels()
 print(quant_isa())
-for qtype in (formats.Q8_0, formats.Q4_1):
-    weight = torch.from_numpy(quantize(torch.randn(40, 96).numpy(), GGMLQuantizationType(qtype)))
-    for rows in (1, 3, 70):
+for qtype in (formats.I8, formats.Q8_0, formats.Q4_1):
+    if qtype == formats.I8:  # 38 rows: the last group of four has two
+        weight, scale = formats.quantize_int8(torch.randn(38, 96))
+        stored = pack_int8(weight)
+    else:
+        weight = stored = torch.from_numpy(quantize(torch.randn(38, 96).numpy(), GGMLQuantizationType(qtype)))
+        scale = None
+    for rows in (1, 2, 3, 70):
         x = torch.randn(rows, 96)
-        y, ref = quant_linear(x, weight, qtype=qtype, out_features=40), formats.quant_linear_reference(x, weight, qtype)
+        y = quant_linear(x, stored, scale, qtype=qtype, out_features=38)
+        ref = formats.quant_linear_reference(x, weight, qtype, scale)
         assert (y - ref).abs().max() <= 1e-5 * ref.abs().max(), (qtype, rows)
 print("ok")
 """

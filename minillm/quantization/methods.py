@@ -13,6 +13,7 @@ looks its rows up in the LM head's quantized weight.
 
 import functools
 import itertools
+import math
 import warnings
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from minillm.layers.linear import LinearBase
 from minillm.layers.linear_method import UnquantizedLinearMethod
 from minillm.quantization import formats
 from minillm.quantization.formats import BLOCK, BLOCK_BYTES, I8, NAMES, Q4_0, Q4_1, Q8_0
+from minillm.quantization.kernels import pack_int8, packed_int8_rows, packed_int8_shape
 
 
 def quant_linear_torch(x, weight, scale=None, bias=None, *, qtype: int, out_features: int) -> torch.Tensor:
@@ -38,10 +40,12 @@ def quant_linear_torch(x, weight, scale=None, bias=None, *, qtype: int, out_feat
     return y.view(*x.shape[:-1], out_features)
 
 
-def embed_quantized(input_ids, weight, *, scale=None, qtype: int, dtype: torch.dtype) -> torch.Tensor:
-    """Rows of a quantized embedding table (tied: the LM head's weight), dequantized as they are looked up."""
+def embed_quantized(input_ids, weight, *, scale=None, qtype: int, dtype: torch.dtype, lookup=None) -> torch.Tensor:
+    """Rows of a quantized embedding table (tied: the LM head's weight), dequantized as they are looked up;
+    lookup(weight, ids) reads them from a weight packed for a kernel (kernels.packed_int8_rows)."""
     ids = input_ids.flatten()
-    rows = formats.dequantize(weight[ids], qtype, None if scale is None else scale[ids])
+    stored = weight[ids] if lookup is None else lookup(weight, ids)
+    rows = formats.dequantize(stored, qtype, None if scale is None else scale[ids])
     return rows.to(dtype).view(*input_ids.shape, -1)
 
 
@@ -49,16 +53,17 @@ class QuantizedLinearMethod(UnquantizedLinearMethod):
     """What both methods share: once a layer holds a quantized weight (layer.qtype, and layer.weight_scale for
     int8), its kernel, and the tied embedding's lookup."""
 
-    def empty(self, shapes: list[tuple[int, int]], dtype: torch.dtype, device) -> list[torch.Tensor]:
+    def empty(self, shapes: list[tuple[int, ...]], dtype: torch.dtype, device) -> list[torch.Tensor]:
         """Uninitialised weights of these shapes for the kernel. On the CPU kernels' path, all in one mapping backed
         by 2 MiB pages, as the packed float32 weights are: a decode step streams every weight, and 4 KiB pages would
         cost a TLB miss each (one mapping for all, as a mapping each would round each weight up to 2 MiB)."""
         if self.kernel != "cpu":
             return [torch.empty(shape, dtype=dtype, device=device) for shape in shapes]
-        sizes = [-(-rows * cols * dtype.itemsize // 64) * 64 for rows, cols in shapes]  # each on a cache line
+        nbytes = [math.prod(shape) * dtype.itemsize for shape in shapes]
+        sizes = [-(-n // 64) * 64 for n in nbytes]  # each on a cache line
         arena = torch.ops.minillm_cpu.empty_pages([sum(sizes) // 4]).view(torch.uint8)
         starts = itertools.accumulate(sizes, initial=0)
-        return [arena[o : o + r * c * dtype.itemsize].view(dtype).view(r, c) for o, (r, c) in zip(starts, shapes)]
+        return [arena[o : o + n].view(dtype).view(shape) for o, n, shape in zip(starts, nbytes, shapes)]
 
     def __init__(self, kernel: str):
         if kernel == "cpu":
@@ -67,17 +72,21 @@ class QuantizedLinearMethod(UnquantizedLinearMethod):
             from minillm.kernels.quant_linear import quant_linear
         self.kernel, self.linear = kernel, quant_linear_torch if kernel == "torch" else quant_linear
 
+    packed = False  # whether the weights are packed for the CPU kernel (int8's are: kernels.pack_int8)
+
     def set_kernels(self, model: nn.Module, dtype: torch.dtype) -> None:
         tables = {id(m.weight): m for m in model.modules() if type(m) is VocabParallelEmbedding}
+        lookup = packed_int8_rows if self.packed else None
         for layer in model.modules():
             qtype, scale = getattr(layer, "qtype", None), getattr(layer, "weight_scale", None)
             if qtype is None:
                 continue
             if isinstance(layer, (LinearBase, ParallelLMHead)):
-                layer.kernel = functools.partial(self.multiply, scale=scale, qtype=qtype, out=layer.weight.shape[0])
+                out = layer.weight.shape[0] if scale is None else len(scale)  # a packed weight's rows are grouped
+                layer.kernel = functools.partial(self.multiply, scale=scale, qtype=qtype, out=out)
             table = layer if type(layer) is VocabParallelEmbedding else tables.get(id(layer.weight))
             if table is not None:
-                table.kernel = functools.partial(embed_quantized, scale=scale, qtype=qtype, dtype=dtype)
+                table.kernel = functools.partial(embed_quantized, scale=scale, qtype=qtype, dtype=dtype, lookup=lookup)
 
     def multiply(self, x, weight, bias=None, *, scale, qtype: int, out: int) -> torch.Tensor:
         """kernel(x, weight, bias), as a linear layer calls it, for a weight of type qtype."""
@@ -86,9 +95,14 @@ class QuantizedLinearMethod(UnquantizedLinearMethod):
 
 class Int8LinearMethod(QuantizedLinearMethod):
     """int8 weights with a float32 scale per output row, quantized at load from the float checkpoint: every
-    linear layer and the LM head (with tied embeddings, the table too), where the input size divides by 32."""
+    linear layer and the LM head (with tied embeddings, the table too), where the input size divides by 32. For
+    the CPU kernel they are stored packed (kernels.pack_int8: rows in groups of four, block by block)."""
 
     name = "int8"
+
+    def __init__(self, kernel: str):
+        super().__init__(kernel)
+        self.packed = kernel == "cpu"
 
     def process_weights_after_loading(self, model: nn.Module) -> None:
         dtype = next(model.parameters()).dtype
@@ -97,9 +111,10 @@ class Int8LinearMethod(QuantizedLinearMethod):
             if isinstance(layer, (LinearBase, ParallelLMHead)) and layer.weight.shape[1] % BLOCK == 0:
                 weights[id(layer.weight)] = layer.weight
         quantized = [formats.quantize_int8(w.data) for w in weights.values()]  # by name: use_impl may swap it
-        params = self.empty([q.shape for q, _ in quantized], torch.int8, next(iter(weights.values())).device)
+        shapes = [packed_int8_shape(*q.shape) if self.packed else q.shape for q, _ in quantized]
+        params = self.empty(shapes, torch.int8, next(iter(weights.values())).device)
         for weight, (q, scale), param in zip(weights.values(), quantized, params):
-            param = nn.Parameter(param.copy_(q), requires_grad=False)
+            param = nn.Parameter(pack_int8(q, param) if self.packed else param.copy_(q), requires_grad=False)
             for m in [m for m in model.modules() if getattr(m, "weight", None) is weight]:
                 m.weight, m.qtype, m.weight_scale = param, I8, scale
         del weights, quantized

@@ -25,6 +25,13 @@
 // prefetch ahead; up to R_MAX rows of x share each load of a weight block (register blocking), and further rows come
 // back to the same weight row while it is in the L1 cache: the weight is read from memory once.
 //
+// Why int8 rows come in groups of four. A row of 768 int8 weights is read in a dozen steps, and each step of one row
+// loads its x block and scales, and each row ends in a horizontal sum: at 1 byte a weight that bookkeeping, not the
+// memory, would set the pace when the cores are busy. So the CPU path stores an int8 weight packed
+// (kernels.pack_int8): rows in groups of GROUP, block by block, [out / 4, in / 32, 4, 32]. A group's blocks are
+// still one run of bytes for the prefetcher, one load of x serves four rows, and with AVX-512 one register holds a
+// block of two rows (x's block loaded into both halves). The GGUF formats stay in their file's row order.
+//
 // Prefill (more rows): a matrix-matrix product, bound by arithmetic, where float FMAs on a register tile beat the
 // integer lanes. A panel of NR output rows is dequantized into float32 [in, NR] in a per-thread scratch that stays in
 // the L2 cache, x is quantized and dequantized (x' = d_x · q_x blockwise: the same product, in float), and
@@ -57,6 +64,7 @@ constexpr int64_t BLOCK = 32;        // weights (and activations) per block, one
 constexpr int64_t R_MAX = 4;         // rows of x that share each load of a weight block
 constexpr int64_t DECODE_ROWS = 64;  // up to how many rows of x the integer kernel runs; the fp32 panels past it
 constexpr int64_t PREFETCH = 4096;   // bytes ahead of the weight reads that a decode thread asks the cache for
+constexpr int64_t GROUP = 4;         // int8 weight rows packed together, block by block (kernels.pack_int8)
 constexpr int I8 = 24, Q8_0 = 8, Q4_0 = 2, Q4_1 = 3;  // formats.py's type codes (ggml's, and ours for I8)
 
 inline float half(const uint8_t* p) {  // a little-endian float16
@@ -118,8 +126,25 @@ inline float sum_m(Pair p) {  // mA + mB
 }
 inline Floats to_float(Lanes s) { return _mm512_cvtepi32_ps(s); }
 inline Floats zeros() { return _mm512_setzero_ps(); }
+inline Floats broadcast(float d) { return _mm512_set1_ps(d); }
 inline Floats fmadd(Floats a, Floats b, Floats c) { return _mm512_fmadd_ps(a, b, c); }
 inline float sum(Floats v) { return _mm512_reduce_add_ps(v); }
+
+// A packed int8 group (GROUP rows, block by block) fills a register with one block of PER rows: x's 32 values go in
+// each half, and each half's lanes sum to one row's output.
+constexpr int64_t PER = 2;
+inline Ints rows_block(const int8_t* x) {
+  return _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+}
+inline void row_sums(Floats v, float* s) {
+  const __m256 lo = _mm512_castps512_ps256(v), hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  for (int h = 0; h < 2; ++h) {
+    const __m256 u = h ? hi : lo;
+    __m128 t = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+    t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+    s[h] = _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+  }
+}
 
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 constexpr const char* ISA = "avx2";
@@ -151,12 +176,16 @@ inline Floats spread(Pair p) { return _mm256_broadcastss_ps(p); }
 inline float sum_m(Pair p) { return _mm_cvtss_f32(_mm_movehdup_ps(p)); }
 inline Floats to_float(Lanes s) { return _mm256_cvtepi32_ps(s); }
 inline Floats zeros() { return _mm256_setzero_ps(); }
+inline Floats broadcast(float d) { return _mm256_set1_ps(d); }
 inline Floats fmadd(Floats a, Floats b, Floats c) { return _mm256_fmadd_ps(a, b, c); }
 inline float sum(Floats v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
+constexpr int64_t PER = 1;  // a register holds one row's block
+inline Ints rows_block(const int8_t* x) { return load(x, BLOCK, 1); }
+inline void row_sums(Floats v, float* s) { s[0] = sum(v); }
 
 #else
 constexpr const char* ISA = "scalar";
@@ -195,24 +224,25 @@ inline Floats spread(Pair p) { return p.d; }
 inline float sum_m(Pair p) { return p.m; }
 inline Floats to_float(Lanes s) { return static_cast<float>(s); }
 inline Floats zeros() { return 0.f; }
+inline Floats broadcast(float d) { return d; }
 inline Floats fmadd(Floats a, Floats b, Floats c) { return a * b + c; }
 inline float sum(Floats v) { return v; }
+constexpr int64_t PER = 1;
+inline Ints rows_block(const int8_t* x) { return load(x, BLOCK, 1); }
+inline void row_sums(Floats v, float* s) { s[0] = v; }
 #endif
 
-// The weight formats, each a row of blocks: the values of a step's n blocks from block b (Ints), their scales d and
-// minimums m (Pair), and one block dequantized to 32 floats as formats.py does it.
-struct FormatI8 {  // int8 [out, in]; the row's float32 scale multiplies once, at the end
-  static constexpr int64_t BYTES = BLOCK;
-  static constexpr bool SCALED = false, SIGNED = true, MIN = false;
-  static Ints values(const uint8_t* row, int64_t b, int64_t n) { return load(row + b * BYTES, BYTES, n); }
-  static Pair scales(const uint8_t*, int64_t, int64_t) { return Pair{}; }
+// The weight formats, each a row of blocks (int8's rows in groups): the values of a step's n blocks from block b
+// (Ints), their scales d and minimums m (Pair), and one block dequantized to 32 floats as formats.py does it.
+struct FormatI8 {  // int8 packed by pack_int8, [out / 4, in / 32, 4, 32]; the row's float32 scale multiplies at the end
+  static constexpr int64_t BYTES = BLOCK, ROWS = GROUP;
   static void dequantize(const uint8_t* block, float row_scale, float* w) {
     for (int64_t i = 0; i < BLOCK; ++i) w[i] = static_cast<int8_t>(block[i]) * row_scale;
   }
 };
 struct FormatQ8_0 {  // d, then 32 int8: w = d · q
-  static constexpr int64_t BYTES = 2 + BLOCK;
-  static constexpr bool SCALED = true, SIGNED = true, MIN = false;
+  static constexpr int64_t BYTES = 2 + BLOCK, ROWS = 1;
+  static constexpr bool SIGNED = true, MIN = false;
   static Ints values(const uint8_t* row, int64_t b, int64_t n) { return load(row + b * BYTES + 2, BYTES, n); }
   static Pair scales(const uint8_t* row, int64_t b, int64_t n) { return halves(row + b * BYTES, BYTES, n); }
   static void dequantize(const uint8_t* block, float, float* w) {
@@ -221,8 +251,8 @@ struct FormatQ8_0 {  // d, then 32 int8: w = d · q
   }
 };
 struct FormatQ4_0 {  // d, then 16 bytes of 4-bit q: w = d · (q − 8), that is d · q + m with m = −8 · d
-  static constexpr int64_t BYTES = 2 + BLOCK / 2;
-  static constexpr bool SCALED = true, SIGNED = false, MIN = true;
+  static constexpr int64_t BYTES = 2 + BLOCK / 2, ROWS = 1;
+  static constexpr bool SIGNED = false, MIN = true;
   static Ints values(const uint8_t* row, int64_t b, int64_t n) { return nibbles(row + b * BYTES + 2, BYTES, n); }
   static Pair scales(const uint8_t* row, int64_t b, int64_t n) {
     return with_min(halves(row + b * BYTES, BYTES, n), -8);
@@ -234,8 +264,8 @@ struct FormatQ4_0 {  // d, then 16 bytes of 4-bit q: w = d · (q − 8), that is
   }
 };
 struct FormatQ4_1 {  // d, m, then 16 bytes of 4-bit q: w = d · q + m
-  static constexpr int64_t BYTES = 4 + BLOCK / 2;
-  static constexpr bool SCALED = true, SIGNED = false, MIN = true;
+  static constexpr int64_t BYTES = 4 + BLOCK / 2, ROWS = 1;
+  static constexpr bool SIGNED = false, MIN = true;
   static Ints values(const uint8_t* row, int64_t b, int64_t n) { return nibbles(row + b * BYTES + 4, BYTES, n); }
   static Pair scales(const uint8_t* row, int64_t b, int64_t n) { return halves(row + b * BYTES, BYTES, n); }
   static void dequantize(const uint8_t* block, float, float* w) {
@@ -244,6 +274,12 @@ struct FormatQ4_1 {  // d, m, then 16 bytes of 4-bit q: w = d · q + m
       w[i] = d * (block[4 + i] & 0x0F) + m, w[i + BLOCK / 2] = d * (block[4 + i] >> 4) + m;
   }
 };
+
+// Block b of row j of a run of weight rows that starts at a group: ROWS rows interleaved block by block.
+template <class F>
+const uint8_t* block_at(const uint8_t* rows, int64_t row_bytes, int64_t j, int64_t b) {
+  return rows + j / F::ROWS * F::ROWS * row_bytes + (b * F::ROWS + j % F::ROWS) * F::BYTES;
+}
 
 // A block of 32 floats at x as formats.quantize_activations quantizes it: round(x · inverse) into q (integers
 // -127..127, as floats; halves to even), where inverse is 127 / amax as torch computes it (1 / amax, times 127) or 0
@@ -270,11 +306,11 @@ struct Acts {
   int64_t blocks;
 };
 
-// y[r * out] = x[r] · row (times row_scale, plus bias) for the R rows of `a` and one row of the weight: per step,
+// y[r * out] = x[r] · row (plus bias) for the R rows of `a` and one row of a GGUF weight: per step,
 // STEP blocks' exact integer sums, times d_w · d_x, into float lanes `acc`, and the Q4 formats' m · d_x · Σq_x into
 // `low` (the scale pair's second halves); one horizontal sum per row at the end.
 template <class F, int R>
-void dot_rows(const Acts& a, const uint8_t* row, int64_t blocks, float row_scale, float bias, float* y, int64_t out) {
+void dot_rows(const Acts& a, const uint8_t* row, int64_t blocks, float bias, float* y, int64_t out) {
   constexpr int SETS = R <= 2 ? 2 : 1;  // sums kept apart for every other step: more chains for the FMA latency
   Floats acc[SETS][R];
   Pair low[SETS][R];
@@ -287,7 +323,7 @@ void dot_rows(const Acts& a, const uint8_t* row, int64_t blocks, float row_scale
     for (int r = 0; r < R; ++r) {
       const int64_t at = r * a.blocks + b;
       const Ints x = load(a.q + at * BLOCK, BLOCK, STEP);
-      const Pair scale = F::SCALED ? mul(dm, load_pair(a.s + 2 * at)) : load_pair(a.s + 2 * at);
+      const Pair scale = mul(dm, load_pair(a.s + 2 * at));
       acc[i][r] = fmadd(to_float(F::SIGNED ? dot_signed(w, x) : dot_unsigned(w, x)), spread(scale), acc[i][r]);
       if constexpr (F::MIN) low[i][r] = add(low[i][r], scale);
     }
@@ -297,12 +333,48 @@ void dot_rows(const Acts& a, const uint8_t* row, int64_t blocks, float row_scale
   for (; b < blocks; b += STEP) step(b, std::min(STEP, blocks - b), 0);
   for (int r = 0; r < R; ++r) {
     if constexpr (SETS > 1) acc[0][r] = acc[0][r] + acc[1][r], low[0][r] = add(low[0][r], low[1][r]);
-    y[r * out] = sum(acc[0][r]) * row_scale + (F::MIN ? sum_m(low[0][r]) : 0.f) + bias;
+    y[r * out] = sum(acc[0][r]) + (F::MIN ? sum_m(low[0][r]) : 0.f) + bias;
   }
 }
 
+// y[r * out + j] = x[r] · (row j of an int8 group) · row_scale[j] (plus bias) for the R rows of `a` and the first
+// `rows` rows of the group: per block, the group's GROUP / PER registers of weights loaded once for the R rows of x,
+// each row's x block loaded (and its scale broadcast) once for the whole group.
+template <int R>
+void dot_group(const Acts& a, const uint8_t* group, int64_t blocks, const float* row_scale, const float* bias, float* y,
+               int64_t out, int64_t rows) {
+  constexpr int K = GROUP / PER, SETS = R * K <= 2 ? 2 : 1;
+  Floats acc[SETS][R][K];
+  for (int i = 0; i < SETS; ++i)
+    for (int r = 0; r < R; ++r)
+      for (int k = 0; k < K; ++k) acc[i][r][k] = zeros();
+  const auto step = [&](int64_t b, int i) {
+    const uint8_t* p = group + b * GROUP * BLOCK;
+    for (int64_t line = 0; line < GROUP * BLOCK; line += 64) __builtin_prefetch(p + PREFETCH + line);
+    Ints w[K];
+    for (int k = 0; k < K; ++k) w[k] = load(p + k * PER * BLOCK, BLOCK, PER);
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = r * a.blocks + b;
+      const Ints x = rows_block(a.q + at * BLOCK);
+      const Floats d = broadcast(a.s[2 * at]);
+      for (int k = 0; k < K; ++k) acc[i][r][k] = fmadd(to_float(dot_signed(w[k], x)), d, acc[i][r][k]);
+    }
+  };
+  int64_t b = 0;
+  for (; b + 2 <= blocks; b += 2) step(b, 0), step(b + 1, SETS - 1);
+  if (b < blocks) step(b, 0);
+  for (int r = 0; r < R; ++r)
+    for (int k = 0; k < K; ++k) {
+      if constexpr (SETS > 1) acc[0][r][k] = acc[0][r][k] + acc[1][r][k];
+      float s[PER];
+      row_sums(acc[0][r][k], s);
+      for (int64_t h = 0, j = k * PER; h < PER && j < rows; ++h, ++j)
+        y[r * out + j] = s[h] * row_scale[j] + (bias ? bias[j] : 0.f);
+    }
+}
+
 // Up to DECODE_ROWS rows: x quantized, then the output rows split among the threads, each weight row read once for
-// all rows of x, R_MAX at a time.
+// all rows of x, R_MAX at a time (an int8 group two at a time).
 template <class F>
 void decode(const float* x, int64_t rows, int64_t in, const uint8_t* w, int64_t row_bytes, const float* scale,
             const float* bias, float* y, int64_t out) {
@@ -324,33 +396,44 @@ void decode(const float* x, int64_t rows, int64_t in, const uint8_t* w, int64_t 
         s[2 * at] = d, s[2 * at + 1] = d * total;
       }
   });
-  constexpr void (*kernels[])(const Acts&, const uint8_t*, int64_t, float, float, float*, int64_t) = {
-      dot_rows<F, 1>, dot_rows<F, 2>, dot_rows<F, 3>, dot_rows<F, 4>};
-  const int64_t grain = std::max<int64_t>(1, (32 << 10) / row_bytes);  // ≥ 32 KiB of weights a thread
-  at::parallel_for(0, out, grain, [&](int64_t o0, int64_t o1) {
-    for (int64_t o = o0; o < o1; ++o)
-      for (int64_t r = 0; r < rows; r += R_MAX) {
-        const Acts part{q + r * padded * BLOCK, s + 2 * r * padded, padded};
-        kernels[std::min(R_MAX, rows - r) - 1](part, w + o * row_bytes, blocks, scale ? scale[o] : 1.f,
-                                               bias ? bias[o] : 0.f, y + r * out + o, out);
+  const int64_t run = F::ROWS * row_bytes, grain = std::max<int64_t>(1, (32 << 10) / run);  // ≥ 32 KiB a thread
+  at::parallel_for(0, (out + F::ROWS - 1) / F::ROWS, grain, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t o = g * F::ROWS;
+      if constexpr (F::ROWS > 1) {
+        for (int64_t r = 0; r < rows; r += 2) {
+          const Acts part{q + r * padded * BLOCK, s + 2 * r * padded, padded};
+          (rows - r > 1 ? dot_group<2> : dot_group<1>)(part, w + g * run, blocks, scale + o, bias ? bias + o : nullptr,
+                                                        y + r * out + o, out, std::min(F::ROWS, out - o));
+        }
+      } else {
+        constexpr void (*kernels[])(const Acts&, const uint8_t*, int64_t, float, float*, int64_t) = {
+            dot_rows<F, 1>, dot_rows<F, 2>, dot_rows<F, 3>, dot_rows<F, 4>};
+        for (int64_t r = 0; r < rows; r += R_MAX) {
+          const Acts part{q + r * padded * BLOCK, s + 2 * r * padded, padded};
+          kernels[std::min(R_MAX, rows - r) - 1](part, w + o * row_bytes, blocks, bias ? bias[o] : 0.f, y + r * out + o,
+                                                 out);
+        }
       }
+    }
   });
 }
 
 // Output rows c .. c + NR of the weight dequantized into panel [in, NR] (zeros past `out`): block by block, the NR
-// rows' 32 floats each, transposed into the panel Vec::size() × Vec::size() at a time. The NR rows are one run of
-// bytes, copied to `raw` first: read in order they stream at the memory's speed, block by block they would be NR
-// streams at once, each waiting on the memory's latency.
+// rows' 32 floats each, transposed into the panel Vec::size() × Vec::size() at a time. The NR rows (whole groups:
+// NR is a multiple of GROUP) are one run of bytes, copied to `raw` first: read in order they stream at the memory's
+// speed, block by block they would be NR streams at once, each waiting on the memory's latency.
 template <class F>
 void dequantize_panel(const uint8_t* w, int64_t row_bytes, const float* scale, int64_t c, int64_t out, int64_t in,
                       uint8_t* raw, float* panel) {
   constexpr int64_t V = Vec::size();
-  std::memcpy(raw, w + c * row_bytes, std::min(NR, out - c) * row_bytes);
+  static_assert(NR % GROUP == 0, "a panel holds whole int8 groups");
+  std::memcpy(raw, w + c * row_bytes, std::min(NR, (out - c + F::ROWS - 1) / F::ROWS * F::ROWS) * row_bytes);
   float stage[NR * BLOCK];  // [NR, 32]
   for (int64_t b = 0; b < in / BLOCK; ++b) {
     for (int64_t j = 0; j < NR; ++j) {
       if (c + j < out)
-        F::dequantize(raw + j * row_bytes + b * F::BYTES, scale ? scale[c + j] : 1.f, stage + j * BLOCK);
+        F::dequantize(block_at<F>(raw, row_bytes, j, b), scale ? scale[c + j] : 1.f, stage + j * BLOCK);
       else
         std::fill(stage + j * BLOCK, stage + (j + 1) * BLOCK, 0.f);
     }
@@ -397,7 +480,8 @@ void run(const float* x, int64_t rows, int64_t in, const uint8_t* w, const float
   (rows <= DECODE_ROWS ? decode<F> : prefill<F>)(x, rows, in, w, in / BLOCK * F::BYTES, scale, bias, y, out);
 }
 
-// y = quant_linear_reference(x, weight, qtype, scale, bias) for float32 x [rows, in], in a multiple of 32.
+// y = quant_linear_reference(x, weight, qtype, scale, bias) for float32 x [rows, in], in a multiple of 32 (an int8
+// weight packed by pack_int8).
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& scale,
                         const std::optional<at::Tensor>& bias, int64_t qtype, int64_t out) {
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
@@ -411,7 +495,12 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& weight, const std
   TORCH_CHECK(weight.device().is_cpu() && weight.scalar_type() == dtype && weight.is_contiguous(),
               "quant_linear: a weight of qtype ", qtype, " is a contiguous ", dtype, " CPU tensor, got ",
               weight.scalar_type(), " on ", weight.device());
-  TORCH_CHECK(weight.dim() == 2 && weight.size(0) == out && weight.size(1) == in / BLOCK * block_bytes,
+  const int64_t groups = (out + GROUP - 1) / GROUP;
+  TORCH_CHECK(qtype != I8 || weight.sizes() == at::IntArrayRef({groups, in / BLOCK, GROUP, BLOCK}),
+              "quant_linear: an int8 weight is packed for this kernel by minillm.quantization.kernels.pack_int8: for ",
+              out, " outputs of ", in, " inputs [", groups, ", ", in / BLOCK, ", ", GROUP, ", ", BLOCK, "], got ",
+              weight.sizes());
+  TORCH_CHECK(qtype == I8 || (weight.dim() == 2 && weight.size(0) == out && weight.size(1) == in / BLOCK * block_bytes),
               "quant_linear: the weight's bytes do not match: qtype ", qtype, " for ", out, " outputs of ", in,
               " inputs is [", out, ", ", in / BLOCK * block_bytes, "] (", block_bytes, " bytes per 32 weights), got ",
               weight.sizes());

@@ -29,8 +29,11 @@
 // loads its x block and scales, and each row ends in a horizontal sum: at 1 byte a weight that bookkeeping, not the
 // memory, would set the pace when the cores are busy. So the CPU path stores an int8 weight packed
 // (kernels.pack_int8): rows in groups of GROUP, block by block, [out / 4, in / 32, 4, 32]. A group's blocks are
-// still one run of bytes for the prefetcher, one load of x serves four rows, and with AVX-512 one register holds a
-// block of two rows (x's block loaded into both halves). The GGUF formats stay in their file's row order.
+// still one run of bytes, one load of x serves four rows, and with AVX-512 one register holds a block of two rows
+// (x's block loaded into both halves). Measured on a 2-core AMD EPYC over the 49 matmuls of a 100M model's decode
+// step, from memory: 1.06x the row-by-row loop (0.97-1.26x), and 5-12% more without a software prefetch (on one
+// sequential run the hardware prefetcher does better alone); from the L3 cache, 40 -> 62-69 GB/s. The GGUF formats
+// stay in their file's row order.
 //
 // Prefill (more rows): a matrix-matrix product, bound by arithmetic, where float FMAs on a register tile beat the
 // integer lanes. A panel of NR output rows is dequantized into float32 [in, NR] in a per-thread scratch that stays in
@@ -349,8 +352,7 @@ void dot_group(const Acts& a, const uint8_t* group, int64_t blocks, const float*
     for (int r = 0; r < R; ++r)
       for (int k = 0; k < K; ++k) acc[i][r][k] = zeros();
   const auto step = [&](int64_t b, int i) {
-    const uint8_t* p = group + b * GROUP * BLOCK;
-    for (int64_t line = 0; line < GROUP * BLOCK; line += 64) __builtin_prefetch(p + PREFETCH + line);
+    const uint8_t* p = group + b * GROUP * BLOCK;  // no software prefetch: one run of bytes, the hardware's own
     Ints w[K];
     for (int k = 0; k < K; ++k) w[k] = load(p + k * PER * BLOCK, BLOCK, PER);
     for (int r = 0; r < R; ++r) {

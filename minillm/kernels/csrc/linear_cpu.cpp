@@ -6,7 +6,7 @@
 // 1. `stream`, for one or two rows of x (a decode step at batch 1 or 2): a matrix-vector product. Every weight is
 // read once from memory for one multiply-add per row, so the speed is the memory's, and a thread's panels are one
 // contiguous stream of bytes: the easiest read there is for the hardware prefetcher, helped along by a software
-// prefetch a few KiB ahead. The packed weights live in 2 MiB pages (cpu_kernels.pack_weight), so a stream of
+// prefetch a few KiB ahead, marked as data read once (linear_tile.h's prefetch_once). The packed weights live in 2 MiB pages (cpu_kernels.pack_weight), so a stream of
 // hundreds of MB needs a few hundred TLB entries, not a hundred thousand. BLAS libraries tune for big products;
 // for a handful of rows they can read the weight at a fraction of the bandwidth (MKL through F.linear: 8-10 GB/s
 // for one row on a 2-core AMD EPYC whose memory gives ~22; on an Intel Xeon within 10% at one row, not at four).
@@ -82,7 +82,7 @@ void stream(const float* x, int64_t in, const float* w, const float* bias, int64
     };
     for (; k + U <= in; k += U, panel += U * NR) {
       for (int64_t line = 0; line < U * NR * 4; line += 64)
-        __builtin_prefetch(reinterpret_cast<const char*>(panel) + PREFETCH + line);
+        prefetch_once(reinterpret_cast<const char*>(panel) + PREFETCH + line);
       for (int u = 0; u < U; ++u) step(u, k + u, panel + u * NR);
     }
     for (; k < in; ++k, panel += NR) step(0, k, panel);

@@ -1,6 +1,6 @@
 // The register-tiled fp32 product of linear_cpu.cpp (`tile`, see its header), shared with quant_linear_cpu.cpp,
 // whose prefill path runs it on weights dequantized into a panel: x [rows, in] times one panel [in, NR] of NR output
-// features, the NR weights of each input feature side by side.
+// features, the NR weights of each input feature side by side; and the prefetch both decode kernels stream with.
 #pragma once
 
 #include <ATen/cpu/vec/functional.h>
@@ -14,6 +14,14 @@ namespace {
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t NR = 2 * Vec::size();  // outputs per panel: two vectors (16 floats with AVX2, 32 with AVX-512)
 constexpr int64_t MR = 6;                 // rows of x per register tile: 6 × 2 sums + 2 weights + 1 input ≤ 16
+
+// Asks for the cache line at p ahead of its use, as data read once (prefetchnta). A decode step reads each weight
+// once, and a line fetched with this hint goes to the L1 cache without being kept in the L2 and L3 on its way out (AMD
+// documents that it is never evicted to the L2; Intel's skips its non-inclusive L2 and L3): the weight's bytes stop
+// displacing what the step reads again (activations, the KV cache) and spend no traffic between the caches. Measured
+// in the engine on a 2-core AMD EPYC, 100M model, batch-1 decode: fp32 1.03-1.21x, int8 1.2-1.34x a plain prefetch
+// (or none) at the same distance.
+inline void prefetch_once(const void* p) { __builtin_prefetch(p, 0, 0); }
 
 // y[i][0..NR) = x_i · panel (+ bias) for the MR rows x_0 .. x_5 of x (pointers: a short tile repeats its last row)
 // and one panel [in][NR]. The 12 sums are named variables, not an array: the compiler keeps them in registers.

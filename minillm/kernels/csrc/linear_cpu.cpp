@@ -5,12 +5,11 @@
 //
 // 1. `stream`, for one or two rows of x (a decode step at batch 1 or 2): a matrix-vector product. Every weight is
 // read once from memory for one multiply-add per row, so the speed is the memory's, and a thread's panels are one
-// contiguous stream of bytes: the easiest read there is for the hardware prefetcher, helped along by a software
-// prefetch a few KiB ahead, marked as data read once (linear_tile.h's prefetch_once). The packed weights live in
-// 2 MiB pages (cpu_kernels.pack_weight), so a stream of hundreds of MB needs a few hundred TLB entries, not a hundred
-// thousand. BLAS libraries tune for big products; for a handful of rows they can read the weight at a fraction of
-// the bandwidth (MKL through F.linear: 8-10 GB/s for one row on a 2-core AMD EPYC whose memory gives ~22; on an
-// Intel Xeon within 10% at one row, not at four).
+// contiguous stream of bytes: the easiest read there is for the hardware prefetcher, helped along by a prefetch of
+// data read once (prefetch_once) a few KiB ahead. The weights live in 2 MiB pages (cpu_kernels.pack_weight), so a
+// stream of hundreds of MB needs a few hundred TLB entries, not a hundred thousand. BLAS libraries tune for big
+// products; for a handful of rows they can read the weight at a fraction of the bandwidth (F.linear's MKL: 8-10
+// GB/s for one row on a 2-core AMD EPYC whose memory gives ~22; on an Intel Xeon within 10% at one row, not four).
 //
 // 2. `tile`, for more rows: a matrix-matrix product bound by FLOP/s. A register tile of MR rows of x by one panel
 // keeps MR × 2 vectors of sums in registers; each step over the inputs loads the panel's NR weights once (two

@@ -22,9 +22,8 @@
 // activation block's sum Σq_x computed once when x is quantized; Q4_0's w = d·(q − 8) is the same with m = −8·d.
 //
 // Decode (up to DECODE_ROWS rows): threads split the output rows, each a contiguous run of the weight's bytes with a
-// prefetch PREFETCH bytes ahead (linear_tile.h's prefetch_once: read once, not kept in the L2 and L3); up to R_MAX
-// rows of x share each load of a weight block (register blocking), and further rows come back to the same weight
-// row while it is in the L1 cache: the weight is read from memory once.
+// prefetch_once ahead; up to R_MAX rows of x share each load of a weight block (register blocking), and further rows
+// come back to the same weight row while it is in the L1 cache: the weight is read from memory once.
 //
 // Why int8 rows come in groups of four. A row of 768 int8 weights is read in a dozen steps, and each step of one row
 // loads its x block and scales, and each row ends in a horizontal sum: at 1 byte a weight that bookkeeping, not the

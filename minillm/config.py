@@ -32,6 +32,7 @@ ROPE_TYPES = ("default", "linear", "llama3")  # what minillm.layers.rotary imple
 DTYPES = ("float32", "bfloat16", "float16")  # what the model may compute in
 QUANTIZATION_METHODS = ("int8", "gguf")  # Config.quantization (minillm.quantization)
 KV_CACHE_DTYPES = ("auto", "int8")  # Config.kv_cache_dtype
+SPECULATIVE_METHODS = ("ngram", "draft_model")  # Config.speculative_config["method"] (minillm.spec_decode)
 
 
 def resolve_dtype(dtype: str, device: str, checkpoint_dtype: str | None) -> str:
@@ -167,6 +168,46 @@ class ModelConfig:
 
 
 @dataclass
+class SpeculativeConfig:
+    """vLLM's speculative_config: {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": n,
+    "prompt_lookup_min": m} or {"method": "draft_model", "model": ID|DIR, "num_speculative_tokens": k}."""
+
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_max: int | None = None
+    prompt_lookup_min: int | None = None
+    model: str | None = None
+
+    @classmethod
+    def from_dict(cls, config: dict) -> "SpeculativeConfig":
+        known = set(cls.__dataclass_fields__)
+        if not isinstance(config, dict) or set(config) - known:
+            raise ValueError(
+                f"speculative_config must be a dict with keys among {sorted(known)}, got {config!r}: e.g. "
+                '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}'
+            )
+        spec = cls(**{"method": None, "num_speculative_tokens": None, **config})
+        if spec.method not in SPECULATIVE_METHODS:
+            raise ValueError(
+                f"speculative_config method must be one of {', '.join(SPECULATIVE_METHODS)}, got {spec.method!r}"
+            )
+        k = spec.num_speculative_tokens
+        if not (isinstance(k, int) and k >= 1):
+            raise ValueError(f"speculative_config num_speculative_tokens must be an integer >= 1, got {k!r}")
+        if spec.method == "ngram":  # as vLLM: one bound given stands for both; neither, 5
+            spec.prompt_lookup_max = spec.prompt_lookup_max or spec.prompt_lookup_min or 5
+            spec.prompt_lookup_min = spec.prompt_lookup_min or spec.prompt_lookup_max
+            n_min, n_max = spec.prompt_lookup_min, spec.prompt_lookup_max
+            if not (isinstance(n_min, int) and isinstance(n_max, int) and 1 <= n_min <= n_max):
+                raise ValueError(
+                    f"speculative_config needs 1 <= prompt_lookup_min <= prompt_lookup_max, got {n_min!r} and {n_max!r}"
+                )
+        elif spec.model is None:
+            raise ValueError('speculative_config method "draft_model" needs "model": a checkpoint directory or hub id')
+        return spec
+
+
+@dataclass
 class Config:
     """Engine settings (vLLM's names). The KV cache gets num_kvcache_blocks blocks, or as many as fit in
     kvcache_memory_bytes."""
@@ -214,8 +255,7 @@ class Config:
     # chapter 10: split every layer across this many processes (ranks), one per device (or CPU core); rank 0 is
     # the engine's own process, the others minillm.engine.worker processes (or torchrun's)
     tensor_parallel_size: int = 1
-    # chapter 13, vLLM's name: {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": n,
-    # "prompt_lookup_min": m}, or {"method": "draft_model", "model": ID|DIR, "num_speculative_tokens": k}
+    # chapter 13, vLLM's name: SpeculativeConfig's fields in a dict: {"method": "ngram", "num_speculative_tokens": 4}
     speculative_config: dict | None = None
     # chapter 14, vLLM's name: "int8" (each weight matrix quantized at load, int8 with a scale per output row) or
     # "gguf" (a GGUF file's Q8_0, Q4_0 and Q4_1 tensors kept in their blocks); None: the checkpoint's floats.
@@ -248,8 +288,6 @@ class Config:
         if self.dtype not in ("auto", *DTYPES):
             raise ValueError(f"dtype must be 'auto' or one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.speculative_config is not None:
-            from minillm.spec_decode import SpeculativeConfig
-
             SpeculativeConfig.from_dict(self.speculative_config)  # raises, naming the bad field
         if self.quantization not in (None, *QUANTIZATION_METHODS):
             raise ValueError(

@@ -22,6 +22,8 @@ from minillm.config import Config, ModelConfig, resolve_dtype
 from minillm.layers.cpu_kernels import release_freed_memory
 from minillm.naive import generate_static
 
+PAD = 0  # the transformers backends' padding token: any id serves, padded positions are masked out
+
 
 @dataclass
 class Run:
@@ -92,11 +94,18 @@ class Models:
     @cached_property
     def hf_model(self):
         """The transformers model, on the engine's device in the engine's dtype."""
-        from minillm.bench.hf import load_model
-
         device = self.engine_option("device")
         dtype = resolve_dtype(self.engine_option("dtype"), device, ModelConfig.from_pretrained(self.path).dtype)
         return load_model(self.path, getattr(torch, dtype)).to(device)
+
+
+def load_model(path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """The checkpoint in `dtype` with transformers' default attention (sdpa), set up for greedy, EOS-free runs."""
+    from transformers import AutoModelForCausalLM, GenerationConfig  # only the transformers backends pay its import
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    model.generation_config = GenerationConfig(do_sample=False, num_beams=1, pad_token_id=PAD)
+    return model
 
 
 def progress(total: int, desc: str, unit: str) -> tqdm:

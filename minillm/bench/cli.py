@@ -23,6 +23,15 @@ from pathlib import Path
 import torch
 
 from minillm.bench import ladder, roofline, serving, vllm_peer, workloads
+from minillm.bench.arguments import (
+    WARMUP_OUTPUT_LEN,
+    WARMUP_PROMPTS,
+    add_length_arguments,
+    make_workload,
+    names_from,
+    positive_int,
+    rate_list,
+)
 from minillm.bench.backends import Models, Run, run_compiled, run_compiled_layers, run_eager, run_minillm, run_static
 from minillm.bench.hf import AUTO_BATCH_SIZES, run_hf_generate, run_hf_generate_batch
 from minillm.bench.memory import describe as describe_memory
@@ -59,62 +68,10 @@ BACKENDS = {
 PEERS = ["llama-cpp", "vllm"]  # --peer: other engines, outside this process's libraries
 VARIANTS = ("minillm-compiled", "minillm-compiled-layers", "minillm-eager")  # the engine with other settings
 DEFAULT_BACKENDS = [name for name in BACKENDS if name not in VARIANTS]
-WARMUP_PROMPTS, WARMUP_OUTPUT_LEN = 4, 16
-
-
-def positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return int(text)
-
-
-def length_range(text: str) -> tuple[int, int]:
-    lo, sep, hi = text.partition(":")
-    if not (sep and lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi)):
-        raise argparse.ArgumentTypeError(f"expected MIN:MAX with 1 <= MIN <= MAX, got {text!r}")
-    return int(lo), int(hi)
 
 
 def hf_batch_size(text: str) -> str | int:
     return text if text == "auto" else positive_int(text)
-
-
-def names_from(choices, what: str = "name"):
-    """An argparse type: a comma-separated list of names, each one of `choices`."""
-
-    def parse(text: str) -> list[str]:
-        names = [name.strip() for name in text.split(",") if name.strip()]
-        unknown = [name for name in names if name not in choices]
-        if unknown or not names:
-            raise argparse.ArgumentTypeError(
-                f"unknown {what}(s) {', '.join(unknown) or repr(text)}; choose from {', '.join(choices)}"
-            )
-        return names
-
-    return parse
-
-
-def rate_list(text: str) -> list[float]:
-    try:
-        rates = [float(r) for r in text.split(",")]
-    except ValueError:
-        rates = []
-    if not rates or not all(r > 0 for r in rates):
-        raise argparse.ArgumentTypeError(f"expected comma-separated request rates > 0 (or inf), got {text!r}")
-    return rates
-
-
-def add_length_arguments(group) -> None:
-    """The workloads' length options (make_workload reads them) and --seed; `python -m minillm.bench serve` has
-    them too."""
-    n, lengths = dict(type=positive_int, metavar="N"), dict(type=length_range, metavar="MIN:MAX")
-    group.add_argument("--input-len", **n, default=128, help="fixed: prompt tokens")
-    group.add_argument("--output-len", **n, default=64, help="fixed, shared-prefix: output tokens")
-    group.add_argument("--input-range", **lengths, default=(16, 256), help="mixed: prompt tokens (default 16:256)")
-    group.add_argument("--output-range", **lengths, default=(16, 256), help="mixed: output tokens (default 16:256)")
-    group.add_argument("--prefix-len", **n, default=256, help="shared-prefix: common preamble tokens")
-    group.add_argument("--suffix-len", **n, default=16, help="shared-prefix: each request's own tokens")
-    group.add_argument("--seed", type=int, default=0, help="seeds the prompts and a random model's weights")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -263,17 +220,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--vllm-venv goes with --peer vllm")
     args.rungs = args.rungs or ladder.rungs_for(args.device)
     return args
-
-
-def make_workload(args, pool: list[int], seed: int, num_prompts: int, repeat: int = 0) -> Workload:
-    """The --workload's requests. repeat r > 0 gives round r of --repeats: the same lengths with other prompts,
-    which no prefix cache has seen in an earlier round."""
-    reseed = workloads.round_seed(seed, repeat)
-    if args.workload == "fixed":
-        return workloads.fixed(num_prompts, args.input_len, args.output_len, pool, reseed)
-    if args.workload == "mixed":
-        return workloads.mixed(num_prompts, args.input_range, args.output_range, pool, seed, reseed if repeat else None)
-    return workloads.shared_prefix(num_prompts, args.prefix_len, args.suffix_len, args.output_len, pool, reseed)
 
 
 def describe(args) -> str:
@@ -508,7 +454,7 @@ def main(argv: list[str] | None = None) -> dict:
     against the plain engine (minillm.bench.spec), `quant ...` quantized weights against fp32 (minillm.bench.quant)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:
-        from minillm.bench import serve  # imports this module's helpers
+        from minillm.bench import serve
 
         return serve.main(argv[1:])
     if argv[:1] == ["spec"]:

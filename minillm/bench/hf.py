@@ -9,21 +9,13 @@ import math
 import time
 
 import torch
-from transformers import AutoModelForCausalLM, ContinuousBatchingConfig, GenerationConfig
+from transformers import ContinuousBatchingConfig, GenerationConfig
 from transformers.generation.continuous_batching.utils import WorkloadHints
 
-from minillm.bench.backends import Models, Run, progress
+from minillm.bench.backends import PAD, Models, Run, progress
 from minillm.bench.workloads import Workload
 
-PAD = 0  # any id serves: padded positions are masked out
 AUTO_BATCH_SIZES = (8, 16, 32, 64, 128)
-
-
-def load_model(path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """The checkpoint in `dtype` with transformers' default attention (sdpa), set up for greedy, EOS-free runs."""
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
-    model.generation_config = GenerationConfig(do_sample=False, num_beams=1, pad_token_id=PAD)
-    return model
 
 
 def batch_sizes(spec: str | int, num_prompts: int) -> list[int]:

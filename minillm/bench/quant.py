@@ -22,7 +22,7 @@ import torch
 
 from minillm import LLM
 from minillm.bench import llamacpp, workloads
-from minillm.bench.cli import names_from, positive_int
+from minillm.bench.arguments import names_from, positive_int
 from minillm.bench.gguf_export import export
 from minillm.bench.models import RANDOM_SIZES, checkpoint, num_parameters, read_config, special_token_ids, weight_bytes
 from minillm.bench.quality import eval_tokens, quality

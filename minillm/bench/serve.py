@@ -19,7 +19,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from minillm.bench import servers, vllm_peer, workloads
-from minillm.bench.cli import (
+from minillm.bench.arguments import (
     WARMUP_OUTPUT_LEN,
     WARMUP_PROMPTS,
     add_length_arguments,

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from minillm import LLM, SamplingParams
-from minillm.bench.cli import positive_int
+from minillm.bench.arguments import positive_int
 from minillm.bench.models import special_token_ids
 from minillm.bench.report import figure, git_state, machine, save, versions, write_json
 from minillm.bench.workloads import token_pool

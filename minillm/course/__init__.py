@@ -21,40 +21,17 @@ replaced by `raise NotImplementedError`) and solutions/exNN_<topic>.py (the bodi
 
 The course folders (exercises/, solutions/, notebooks/, tests/) are found from the working directory, so
 minillm may be installed editable or not; `course_root()` says where they are (see minillm.course.root).
+CHAPTERS, exercise_file() and notebook_file() name each chapter's files (minillm.course.chapters).
 """
 
-from pathlib import Path
-
+from minillm.course.chapters import CHAPTERS, exercise_file, notebook_file
+from minillm.course.env_check import check_environment
+from minillm.course.figures import engine_map
+from minillm.course.hints import Hints
+from minillm.course.impl import load_impl, use_impl
 from minillm.course.root import CourseNotFound, course_root
-
-CHAPTERS = {
-    "00": "setup",
-    "01": "tokenize",
-    "02": "embed",
-    "03": "transformer",
-    "04": "kv_cache",
-    "05": "paged_blocks",
-    "06": "continuous_batching",
-    "07": "cuda_graphs",
-    "08": "torch_compile",
-    "09": "triton_kernels",
-    "10": "tensor_parallel",
-    "11": "full_engine",
-    "12": "serving",
-    "13": "speculative_decoding",
-    "14": "quantization",
-}
-
-
-def exercise_file(kind: str, chapter: str, root: Path | None = None) -> Path:
-    """exercises/exNN_<topic>.py (kind "exercises") or solutions/exNN_<topic>.py (kind "solutions") in the
-    course folder, or under `root` (Path() gives the path relative to the course)."""
-    return (course_root() if root is None else root) / kind / f"ex{chapter}_{CHAPTERS[chapter]}.py"
-
-
-def notebook_file(chapter: str, root: Path | None = None) -> Path:
-    """notebooks/NN_<topic>.ipynb in the course folder, or under `root` (as for exercise_file)."""
-    return (course_root() if root is None else root) / "notebooks" / f"{chapter}_{CHAPTERS[chapter]}.ipynb"
+from minillm.course.show import show, show_cpp
+from minillm.course.widgets import interact
 
 
 def __getattr__(name: str):
@@ -63,13 +40,6 @@ def __getattr__(name: str):
         return course_root()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-
-from minillm.course.env_check import check_environment  # noqa: E402
-from minillm.course.figures import engine_map  # noqa: E402
-from minillm.course.hints import Hints  # noqa: E402
-from minillm.course.impl import load_impl, use_impl  # noqa: E402
-from minillm.course.show import show, show_cpp  # noqa: E402
-from minillm.course.widgets import interact  # noqa: E402
 
 __all__ = [
     "CHAPTERS",

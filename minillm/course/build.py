@@ -18,8 +18,9 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from minillm.course import CHAPTERS, course_root, exercise_file, notebook_file
+from minillm.course.chapters import CHAPTERS, exercise_file, notebook_file
 from minillm.course.markers import Exercise, MarkerError, find_exercises
+from minillm.course.root import course_root
 
 KINDS = ("exercises", "solutions")
 CHECKSUM = re.compile(r"\n# build checksum: (\w+) \(lets `build` tell this untouched file from your edits\)\n\Z")

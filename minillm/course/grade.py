@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from minillm.course import CHAPTERS, course_root, exercise_file
+from minillm.course.chapters import CHAPTERS, exercise_file
 from minillm.course.markers import canonical_id, find_exercises
+from minillm.course.root import course_root
 
 
 @dataclass

@@ -9,7 +9,7 @@ import re
 import textwrap
 from pathlib import Path
 
-from minillm.course import exercise_file
+from minillm.course.chapters import exercise_file
 from minillm.course.markers import canonical_id, find_exercises
 
 LEVELS = ("approach", "key operation", "shapes and pitfalls")

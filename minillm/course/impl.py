@@ -15,7 +15,7 @@ import sys
 from contextlib import contextmanager
 from types import ModuleType
 
-from minillm.course import exercise_file
+from minillm.course.chapters import exercise_file
 from minillm.course.markers import chapter_exercises
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from minillm.course import CHAPTERS, exercise_file, notebook_file
+from minillm.course.chapters import CHAPTERS, exercise_file, notebook_file
 from minillm.course.root import PACKAGE
 
 BEGIN = re.compile(r"^(\s*)# BEGIN EXERCISE (\d\d\.\d+): (\S.*)$")

@@ -9,12 +9,12 @@ import torch
 
 def default_model_path() -> Path:
     """The embedded default model: a small story-telling Qwen3 that ships inside the package."""
-    return Path(__file__).parent / "assets" / "default_model"
+    return Path(__file__).parent.parent / "assets" / "default_model"
 
 
 def draft_model_path() -> Path:
     """The default model's draft (chapter 13): a much smaller story model with the same tokenizer, shipped with it."""
-    return Path(__file__).parent / "assets" / "draft_model"
+    return Path(__file__).parent.parent / "assets" / "draft_model"
 
 
 # Architecture name in config.json -> the switches that make the one decoder in models/qwen3.py that model.

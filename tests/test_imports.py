@@ -15,7 +15,8 @@ PACKAGE = ROOT / "minillm"
 MAX_LINES = 300
 CORE_FILES = [
     *sorted((PACKAGE / "engine").glob("*.py")),
-    *(PACKAGE / f for f in ("llm.py", "config.py", "sampling_params.py")),
+    *sorted((PACKAGE / "config").glob("*.py")),
+    *(PACKAGE / f for f in ("llm.py", "sampling_params.py")),
 ]
 
 

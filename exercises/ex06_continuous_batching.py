@@ -12,8 +12,8 @@ the reference lives there. `build` will not overwrite this file once you have ed
 import torch
 
 import minillm.engine.scheduler
-from minillm.engine.scheduler import finish_reason
-from minillm.engine.sequence import Sequence, SequenceStatus
+from minillm.engine.scheduler_output import SchedulerOutput
+from minillm.engine.sequence import Sequence, SequenceStatus, finish_reason
 
 
 # minillm/layers/sampler.py
@@ -48,35 +48,27 @@ class Scheduler(minillm.engine.scheduler.Scheduler):
     """Your methods of minillm.engine.scheduler.Scheduler; it supplies everything else."""
 
     def schedule_prefill(self, budget: int) -> list[Sequence]:
-        """The waiting sequences this step prefills, in order, each with `num_scheduled_tokens` set ([] if none),
-        in at most `budget` tokens (what the step's decode tokens left of max_num_batched_tokens).
+        """Admit waiting sequences into the step, in order, each with `num_scheduled_tokens` set ([] if none), in at
+        most `budget` tokens (what the running requests left of max_num_batched_tokens).
 
         Loop while `self.waiting` is not empty, fewer than `self.max_num_seqs` sequences are in `self.running`
-        (a free seat), and `budget` is above 0. Always
-        look at the head, `seq = self.waiting[0]`; never skip it, so nobody overtakes a request that waits.
-        1. If `seq.block_table` is empty (new, or preempted), it needs blocks: stop the loop if
-           `self.can_admit(seq)` is False (the cache is full, or would be once the running sequences grow: it
-           stays first in waiting, with no block_table). Otherwise `self.block_manager.allocate(seq)` (this sets `seq.num_cached_tokens`,
-           the prefix-cache hit) and start `seq.num_computed_tokens` there, but at most `len(seq) - 1`: the
-           last token is always computed, as its logits give the next token. A head that already has a
-           block_table is a long prompt part-way through its chunks: do not allocate it again.
-        2. Schedule `seq.num_scheduled_tokens = min(len(seq) - seq.num_computed_tokens, budget)`, and at most
-           `self.long_prefill_token_threshold` if that is above 0 (a cap that keeps every step short), and take
-           them off the budget. Make the blocks this step fills findable by their hash:
-           `self.block_manager.cache_blocks(seq, seq.num_computed_tokens + seq.num_scheduled_tokens)`.
-        3. Add seq to the returned list. If the step does not reach its end (`seq.samples_this_step` is
-           False), it is a chunk: stop the loop; seq stays first in `waiting` with its blocks and continues
-           next step. Otherwise move it from `waiting` (popleft) to the end of `running` and set `seq.status`
-           to SequenceStatus.RUNNING.
-        Do not touch `num_computed_tokens` after scheduling: `postprocess` advances it once the step ran.
+        (a free seat), and `budget` is above 0. Always look at the head, `seq = self.waiting[0]`; never skip it, so
+        nobody overtakes a request that waits. A waiting sequence holds no blocks (new, or preempted).
+        1. Stop the loop if `self.can_admit(seq)` is False (the cache is full, or would be once the running
+           sequences grow: seq stays first in waiting). Otherwise `self.block_manager.allocate(seq)` (this sets
+           `seq.num_cached_tokens`, the prefix-cache hit) and start `seq.num_computed_tokens` there, but at most
+           `len(seq) - 1`: the last token is always computed, as its logits give the next token.
+        2. Schedule `seq.num_scheduled_tokens = self.chunk_size(seq, budget)` (its uncomputed tokens, at most the
+           budget and the per-prompt cap) and take them off the budget. Make the blocks this step fills findable
+           by their hash: `self.block_manager.cache_blocks(seq, seq.num_computed_tokens + seq.num_scheduled_tokens)`.
+        3. Move seq from `waiting` (popleft) to the end of `running`, set `seq.status` to SequenceStatus.RUNNING, and
+           add it to the returned list: it runs from now on, even if this step computes only a first chunk of its
+           prompt (`update_from_output` advances num_computed_tokens; `schedule_chunks` gives it the next chunks).
 
-        Examples (blocks of 4 tokens, new_token_ratio 0, where can_admit asks only that the prompt fit): with
-        max_num_seqs=2 and prompts of 10, 11 and 12 tokens, one step admits the first two (both RUNNING, each
-        with a block_table) and the third stays in waiting. With a budget of 8, a 20-token prompt is scheduled
-        as 8, 8 and 4 over three steps (only the last samples); with a budget of 100 and a threshold of 8, the
-        same. With 3 free blocks, prompts of 8 and 8 tokens:
-        the first takes 2 blocks and runs; the second cannot be allocated, so the step returns only the first
-        and the second waits with an empty block_table.
+        Examples (blocks of 4 tokens, new_token_ratio 0, so can_admit asks only that the prompt fit): max_num_seqs=2
+        and prompts of 10, 11 and 12 tokens: the first two are admitted, the third waits. A budget of 8 and prompts
+        of 20 and 5 tokens: the first is RUNNING with a chunk of 8, the second waits. 3 free blocks and prompts of
+        8 and 8 tokens: the first takes 2 blocks; the second waits, with an empty block_table.
         """
         # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
         # BEGIN EXERCISE 06.2: prefill selection — admit waiting sequences under the sequence, token and block budgets
@@ -90,22 +82,19 @@ class Scheduler(minillm.engine.scheduler.Scheduler):
         """Preempt running sequences until seq's next token has a cache slot. Returns True if seq can run this
         step, False if seq itself was preempted.
 
-        seq is a RUNNING sequence about to decode one token (`schedule_decode` calls this for each running
-        sequence in turn); a new block is needed every block_size tokens. Loop while
+        seq is a RUNNING sequence about to decode one token (`schedule_decode` calls this for each in turn). Loop while
         `self.block_manager.can_append(seq)` is False: pick the victim, the running sequence that the waiting
         order puts last, `max(self.running, key=self.queue_key)`: the latest arrival under FCFS; the lowest
         priority, then the latest arrival, under the priority policy. Every sequence in `self.running` is a
-        candidate, one already scheduled in this step and seq itself included. Call `self.preempt(victim)`:
-        it frees the victim's blocks (its block_table becomes []), sets its status to
+        candidate: one already scheduled in this step, one part-way through its prompt, and seq itself. Call
+        `self.preempt(victim)`: it frees the victim's blocks (its block_table becomes []), sets its status to
         SequenceStatus.WAITING and puts it back in `self.waiting` in queue order, to be recomputed later. If
         the victim is seq (compare with `is`), return False at once; otherwise check again. Return True once
         can_append says yes (at once if a block is free or seq's last block has room).
 
-        Example (priority policy, 3 blocks of 2 tokens): `low` (priority 0) and `high` (priority 5), prompts
-        of 2 tokens, are prefilled and each sampled a token (1 block each, 3 tokens each). Decoding needs a
-        second block for both, but 1 is free: `high` gets it; for `low`, the victim is `low` itself, so low
-        is WAITING, first in waiting, with an empty block_table, and make_room(low) returns False; high stays
-        RUNNING with 2 blocks in its block_table.
+        Example (priority policy, 3 blocks of 2 tokens): `low` (priority 0) and `high` (priority 5) hold 3 tokens and
+        1 block each; both need a second block, 1 is free: `high` gets it; for `low`, the victim is `low` itself:
+        make_room(low) returns False, low is WAITING, first in waiting, with an empty block_table.
         """
         # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
         # BEGIN EXERCISE 06.3: preemption — free the least important running sequence until seq fits
@@ -115,35 +104,34 @@ class Scheduler(minillm.engine.scheduler.Scheduler):
         )
         # END EXERCISE
 
-    def postprocess(self, seqs: list[Sequence], token_ids: list[int | None]) -> list[Sequence]:
-        """Record a step that ran: `seqs` are the sequences it computed and `token_ids[i]` is the token sampled
-        for `seqs[i]` (an int), or None for a prefill chunk that did not reach the end of its prompt. Returns
-        the sequences that got a new token, in order.
+    def update_from_output(self, output: SchedulerOutput, sampled: list[list[int]]) -> list[Sequence]:
+        """Record a step that ran (vLLM's name). `sampled[i]` are the tokens the step produced for
+        `output.scheduled[i]`: [] for a prompt chunk that did not reach its prompt's end, [t] for one that did and
+        for a decode, and in a verify step (chapter 13) the drafts the sampler kept, then the target's own token.
+        Returns the sequences that got tokens, in order. For each sequence and its tokens, in order:
+        1. advance `seq.num_computed_tokens` by `seq.num_scheduled_tokens` (those keys and values are now in the
+           cache), chunks included; if it verified drafts (`seq.spec_token_ids` is not empty), then call
+           `self.drop_rejected_drafts(seq, len(tokens) - 1)` (chapter 13: it uncounts the rejected ones);
+        2. if tokens is empty, nothing more: the chunk keeps its blocks and stays running;
+        3. otherwise add seq to the returned list and append its tokens to `seq.token_ids` one by one; after each,
+           set `seq.finish_reason = finish_reason(seq, self.eos_token_ids)`: "stop" (an EOS token unless
+           sampling_params.ignore_eos, or one of stop_token_ids), "length" (max_tokens reached), or None. At the
+           first that is not None, drop the tokens after it;
+        4. if seq finished: status SequenceStatus.FINISHED, its blocks given back with
+           `self.block_manager.deallocate(seq)` (its block_table becomes []), and out of `self.running`. That free
+           seat is what the next step refills.
 
-        For each sequence and its token, in order:
-        1. advance `seq.num_computed_tokens` by `seq.num_scheduled_tokens` (the keys and values of those
-           tokens are now in the cache), for every sequence, chunks included;
-        2. if the token is None, nothing more: the chunk keeps its blocks and stays where it is;
-        3. otherwise append the token to `seq.token_ids` (so it shows in `seq.completion_token_ids`) and add
-           seq to the returned list;
-        4. set `seq.finish_reason = finish_reason(seq, self.eos_token_ids)`: "stop" (an EOS token unless
-           sampling_params.ignore_eos, or one of stop_token_ids), "length" (max_tokens reached), or None.
-           If it is not None the sequence is done: status SequenceStatus.FINISHED, its blocks given back with
-           `self.block_manager.deallocate(seq)` (its block_table becomes []), and removed from
-           `self.running`. That free seat is what the next step refills.
-
-        Example, EOS id 0: three sequences scheduled together, prompts [1, 2], [3] with max_tokens=1, and
-        [5, 6, 7] cut to a 2-token chunk, with token_ids [0, 9, None]: the first finishes with "stop" and
-        completion_token_ids [0], block_table []; the second with "length" and [9]; the third gets no token,
-        has num_computed_tokens 2, finish_reason None, and is the only one left in running.
-        Returns the first two.
+        Example, EOS id 0: prompts [1, 2], [3] (max_tokens=1) and [5, 6, 7] cut to a 2-token chunk, scheduled
+        together, sampled [[0], [9], []]: the first finishes with "stop", completion_token_ids [0], block_table [];
+        the second with "length" and [9]; the third has num_computed_tokens 2 and stays running. Returns the first
+        two.
         """
         # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
-        # BEGIN EXERCISE 06.4: postprocess — append each sampled token, finish on EOS / stop token / max_tokens, free
+        # BEGIN EXERCISE 06.4: update_from_output — append each step's tokens, finish on EOS / stop token / max_tokens, free
         raise NotImplementedError(
-            "Exercise 06.4 (postprocess — append each sampled token, finish on EOS / stop token / max_tokens, free) is not done yet: "
-            "implement Scheduler.postprocess in exercises/ex06_continuous_batching.py — see notebooks/06_continuous_batching.ipynb"
+            "Exercise 06.4 (update_from_output — append each step's tokens, finish on EOS / stop token / max_tokens, free) is not done yet: "
+            "implement Scheduler.update_from_output in exercises/ex06_continuous_batching.py — see notebooks/06_continuous_batching.ipynb"
         )
         # END EXERCISE
 
-# build checksum: b7aa0200b3011b59 (lets `build` tell this untouched file from your edits)
+# build checksum: 5f6eb34712023901 (lets `build` tell this untouched file from your edits)

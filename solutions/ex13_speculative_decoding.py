@@ -8,7 +8,6 @@ import numpy as np
 import torch
 
 import minillm.engine.scheduler
-from minillm.engine.scheduler import finish_reason
 from minillm.engine.sequence import Sequence
 
 
@@ -116,46 +115,25 @@ def rejection_sample(
 class Scheduler(minillm.engine.scheduler.Scheduler):
     """Your methods of minillm.engine.scheduler.Scheduler; it supplies everything else."""
 
-    def accept_drafts(self, seqs: list[Sequence], token_ids: list[int | None]) -> list[int | None]:
-        """Record the drafts a step verified (speculative decoding), before `postprocess`; returns the token_ids
-        postprocess is to append (the same, but where a kept draft ends the request).
+    def drop_rejected_drafts(self, seq: Sequence, num_accepted: int) -> None:
+        """Roll back the drafts a verify step rejected (chapter 13): their keys and values are in the cache, but they
+        are not seq's tokens. The step ran seq over its newest token and its k drafts `seq.spec_token_ids`, and
+        `update_from_output` has advanced `seq.num_computed_tokens` past all k + 1; the sampler kept the first
+        `num_accepted` drafts (0 to k), which update_from_output appends next, with one token of the target's own.
+        1. uncount the rejected drafts: subtract k - num_accepted from `seq.num_computed_tokens` (their slots are
+           then free to be written again);
+        2. give back the blocks past what seq will hold once its new tokens are appended (its len(seq) tokens, the
+           kept drafts and the target's token; num_free_blocks grows by as many):
+           `self.block_manager.free_tail(seq, len(seq) + num_accepted + 1)`;
+        3. empty `seq.spec_token_ids`.
 
-        The step ran each sequence over its newest token and its drafts: seq.num_scheduled_tokens is 1 + the
-        number of drafts scheduled, and their keys and values are in the cache at the positions after
-        seq.num_computed_tokens. The sampler has left in `seq.spec_token_ids` the drafts it kept (a prefix of
-        them, maybe none) and `token_ids[i]` is the target's own token after them. For each sequence whose
-        token is not None and whose step went past its end (num_computed_tokens + num_scheduled_tokens >
-        len(seq): drafts were scheduled):
-        1. append the kept drafts to seq.token_ids one by one; if one ends the request (`finish_reason(seq,
-           self.eos_token_ids)` is not None after it is appended: a stop token, EOS), take it off again and
-           make it this sequence's token in the returned list, dropping the kept drafts after it and the
-           target's token;
-        2. roll back the rest: set `seq.num_scheduled_tokens = len(seq) - seq.num_computed_tokens`, so that
-           postprocess advances num_computed_tokens past the kept tokens only (the rejected drafts' keys and
-           values stay in their slots, to be overwritten: they are no longer counted as computed), give back the
-           blocks past what the sequence will hold after postprocess appends its token,
-           `self.block_manager.free_tail(seq, len(seq) + 1)`, and empty seq.spec_token_ids.
-        Other sequences (a prompt's chunk, a decode without drafts) keep their token as it is.
-
-        Example, blocks of 4: a running sequence of 6 tokens (num_computed_tokens 5) verified 3 drafts
-        (num_scheduled_tokens 4; blocks for 9 tokens: 3); the sampler kept 1 draft, 40, and gave token 41. Then
-        its tokens are the 6 and 40 (7), num_scheduled_tokens is 2, its block_table 2 blocks (for 8 tokens); it
-        returns [41], and postprocess makes it 8 tokens with
-        num_computed_tokens 7. Had 40 been the EOS id, it would return [40] with tokens the 6 only.
+        Example, blocks of 4: a sequence of 6 tokens verified 3 drafts (3 blocks, for 9 tokens); num_computed_tokens
+        was advanced from 5 to 9; 1 draft was kept. Then num_computed_tokens is 7 (the newest token and the kept
+        draft), the block_table 2 blocks (for the 8 tokens seq will hold), spec_token_ids [].
         """
         # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
-        # BEGIN EXERCISE 13.4: KV rollback — keep the accepted drafts, uncount and free what the rejected ones used
-        token_ids = list(token_ids)
-        for i, (seq, token) in enumerate(zip(seqs, token_ids)):
-            if token is None or seq.num_computed_tokens + seq.num_scheduled_tokens <= len(seq):
-                continue
-            kept, seq.spec_token_ids = seq.spec_token_ids, []
-            for draft in kept:
-                seq.token_ids.append(draft)
-                if finish_reason(seq, self.eos_token_ids):  # a kept draft ends the request: it is the last token
-                    token_ids[i] = seq.token_ids.pop()
-                    break
-            seq.num_scheduled_tokens = len(seq) - seq.num_computed_tokens
-            self.block_manager.free_tail(seq, len(seq) + 1)
-        return token_ids
+        # BEGIN EXERCISE 13.4: KV rollback — uncount the rejected drafts and free the blocks only they used
+        seq.num_computed_tokens -= len(seq.spec_token_ids) - num_accepted
+        self.block_manager.free_tail(seq, len(seq) + num_accepted + 1)
+        seq.spec_token_ids = []
         # END EXERCISE

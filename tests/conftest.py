@@ -25,10 +25,12 @@ def counters(monkeypatch):
     preempt, prefill, schedule = Scheduler.preempt, Scheduler.schedule_prefill, Scheduler.schedule
 
     def count_mixed(self):
-        seqs, is_prefill = schedule(self)
+        output = schedule(self)
+        seqs = output.scheduled
         decodes = [s for s in seqs if s.num_scheduled_tokens == 1 and s.num_completion_tokens]
         counts["mixed"] += bool(decodes) and any(s.num_scheduled_tokens > 1 for s in seqs)
-        return seqs, is_prefill
+        counts["chunks"] += sum(not s.samples_this_step for s in seqs)
+        return output
 
     def count_preempt(self, seq):
         counts["preempt"] += 1
@@ -36,7 +38,6 @@ def counters(monkeypatch):
 
     def count_prefill(self, budget):
         seqs = prefill(self, budget)
-        counts["chunks"] += sum(not s.samples_this_step for s in seqs)
         counts["cached_tokens"] += sum(
             s.num_cached_tokens for s in seqs if s.num_computed_tokens == min(s.num_cached_tokens, len(s) - 1)
         )

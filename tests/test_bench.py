@@ -94,10 +94,10 @@ class FakeScheduler:
 
     def schedule(self):
         self.num_steps += 1
-        return ["a", "b", "c"][: self.num_steps], self.num_steps == 1
+        return SimpleNamespace(scheduled=["a", "b", "c"][: self.num_steps], is_prefill=self.num_steps == 1)
 
-    def postprocess(self, seqs, token_ids):
-        return seqs
+    def update_from_output(self, output, sampled):
+        return output.scheduled
 
 
 class FakeEngine:
@@ -107,12 +107,12 @@ class FakeEngine:
         self.scheduler, self.model_runner = FakeScheduler(), FakeRunner()
 
     def step(self):
-        seqs, is_prefill = self.scheduler.schedule()
+        output = self.scheduler.schedule()
         runner = self.model_runner
-        inputs = (runner.prepare_prefill if is_prefill else runner.prepare_decode)(seqs)
+        inputs = (runner.prepare_prefill if output.is_prefill else runner.prepare_decode)(output.scheduled)
         logits = runner.run_model(runner.load(inputs))
         runner.sampler(runner.prepare_sample(logits))
-        return self.scheduler.postprocess(seqs, [])
+        return self.scheduler.update_from_output(output, [])
 
 
 def test_step_breakdown_times_parts_apart_for_prefill_and_decode_and_restores_the_engine():

@@ -86,6 +86,23 @@ def assert_exercised(setting, counters, llm):
         assert 0 < llm.spec_stats.num_accepted_tokens < llm.spec_stats.num_draft_tokens
 
 
+def test_a_decoding_request_preempts_a_partly_prefilled_one_and_generate_finishes(reference):
+    """The configuration that failed a whole generate() with "the scheduler found nothing to run" before partial
+    prefills were running requests: the short request's decode must preempt the long prompt part-way through its
+    chunks, and every request still gets its greedy tokens, with a prefix-cache hit on the recomputation."""
+    path, _ = reference("qwen3-gqa-tied")
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(1, 256, (n,), generator=g).tolist() for n in (4, 32)]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (20, 4)]
+    llm = LLM(path, kvcache_block_size=4, num_kvcache_blocks=10, max_num_batched_tokens=4, new_token_ratio=0.0)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    model = build_model(path)
+    assert [o.token_ids for o in outputs] == [
+        list(generate_naive(model, p, sp.max_tokens)) for p, sp in zip(prompts, params)
+    ]
+    assert llm.scheduler.num_preemptions > 0 and llm.block_manager.num_free_blocks == 10
+
+
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_contiguous_cache_equals_naive(reference, name):
     path, expected = reference(name)

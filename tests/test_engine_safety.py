@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 from checkpoints import make_checkpoint
+from scheduling import run_step
 
 from minillm import LLM, SamplingParams
 from minillm.config import Config
@@ -99,11 +100,6 @@ def test_abort_request_frees_its_blocks(tiny_checkpoint):
     assert kept.finish_reason == "length" and all_free(llm)
 
 
-def run_step(s: Scheduler, token: int = 7):
-    seqs, _ = s.schedule()
-    s.postprocess(seqs, [token if seq.samples_this_step else None for seq in seqs])
-
-
 def test_a_high_priority_request_is_never_the_victim_while_a_lower_one_runs():
     # 5 blocks of 2: low, admitted first, decodes ahead of high in the running queue; when both need a block
     # and one is left, low takes it first, and then high must preempt low, not itself.
@@ -128,8 +124,13 @@ def test_a_waiting_request_of_higher_priority_preempts_a_running_lower_one():
     run_step(s)
     high = Sequence([4, 5], priority=5)
     s.add(high)
-    seqs, is_prefill = s.schedule()
-    assert is_prefill and seqs == [high] and low.status == SequenceStatus.WAITING and not low.block_table
+    output = s.schedule()
+    assert (
+        output.is_prefill
+        and output.scheduled == [high]
+        and low.status == SequenceStatus.WAITING
+        and not low.block_table
+    )
 
 
 def test_cached_tokens_count_the_prompt_at_first_admission(tiny_checkpoint):

@@ -48,8 +48,8 @@ POINTS = {
     "schedule": lambda llm: (llm.scheduler, "schedule"),
     "forward": lambda llm: (llm.model_runner, "run_model"),
     "sampling": lambda llm: (llm.model_runner.sampler, "forward"),
-    "postprocess": lambda llm: (llm.scheduler, "postprocess"),
-    # inside postprocess, after a token was appended and num_computed_tokens advanced
+    "postprocess": lambda llm: (llm.scheduler, "update_from_output"),
+    # inside update_from_output, after a token was appended and num_computed_tokens advanced
     "finish-check": lambda llm: (scheduler_module, "finish_reason"),
     "detokenize": lambda llm: (llm_engine.IncrementalDetokenizer, "add"),
 }
@@ -106,7 +106,7 @@ def test_a_fault_late_in_scheduling_leaves_the_prefix_cache_clean(tiny_checkpoin
 
 @pytest.mark.parametrize("api", ["generate", "stream"])
 def test_an_interrupt_while_a_finished_request_is_released(tiny_checkpoint, fresh, monkeypatch, api):
-    # A Ctrl-C in postprocess between freeing a finished sequence's blocks and taking it out of running: the
+    # A Ctrl-C in update_from_output between freeing a finished sequence's blocks and taking it out of running: the
     # rollback releases it completely, so the engine is not left waiting on a finished request.
     llm = LLM(tiny_checkpoint, **ENGINE)
     inject_and_check(llm, fresh, monkeypatch, llm.block_manager, "deallocate", 1, KeyboardInterrupt, api, after=True)

@@ -34,7 +34,7 @@ from minillm.layers.rejection_sampler import greedy_accept
 from minillm.naive import generate_cached
 from minillm.spec_decode.metrics import SpecDecodingStats
 
-BS = 4  # tokens per KV block
+BS = 4  # tokens per KV block, most often
 SIM_VOCAB, SIM_EOS = 64, 0
 REAL_VOCAB = 256  # the tiny checkpoint's byte vocabulary
 MAX_TOKENS = 10
@@ -74,10 +74,12 @@ def check_books(engine: LLMEngine, requests: list) -> None:
     assert all(seq.status == SequenceStatus.RUNNING for seq in s.running)
     assert all(seq.status == SequenceStatus.WAITING for seq in s.waiting)
     assert len(s.running) <= s.max_num_seqs
-    assert not any(seq.block_table for seq in list(s.waiting)[1:]), "a waiting sequence behind the head holds blocks"
+    assert not any(seq.block_table for seq in s.waiting), "a waiting sequence holds blocks"
     for seq in s.running:
-        assert len(seq.block_table) * BS >= seq.num_computed_tokens, "a running sequence lacks blocks for its tokens"
-        assert len(seq.block_table) <= -(-len(seq) // BS), "a running sequence holds blocks past its tokens (drafts)"
+        assert len(seq.block_table) * bm.block_size >= seq.num_computed_tokens, "a running sequence lacks blocks"
+        assert len(seq.block_table) <= bm.num_blocks(len(seq)), (
+            "a running sequence holds blocks past its tokens (drafts)"
+        )
     ids = {id(seq) for seq in queued}
     for seq in requests:
         if seq.is_finished:
@@ -103,6 +105,10 @@ class Workload:
     max_num_batched_tokens: int
     policy: str
     prefix_caching: bool
+    block_size: int
+    chunk_cap: int  # long_prefill_token_threshold (0: none)
+    mixed_steps: bool
+    new_token_ratio: float
     faults: frozenset  # model-runner calls (1-based) that fail
     speculate: int  # draft tokens per step (speculative decoding, chapter 13); 0: none
 
@@ -190,7 +196,8 @@ def workloads(draw, vocab: int, max_requests: int, budgets, max_faults: int) -> 
                 stop_at=draw(st.none() | st.integers(0, MAX_TOKENS - 1)),
             )
         )
-    need = max(-(-(len(r.prompt) + r.max_tokens) // BS) for r in requests)  # the largest request, in blocks
+    block_size = draw(st.sampled_from([BS, BS, 1, 2, 8]))
+    need = max(-(-(len(r.prompt) + r.max_tokens) // block_size) for r in requests)  # the largest request, in blocks
     return Workload(
         requests=requests,
         num_blocks=draw(st.integers(need, need + 6) | st.integers(need, need + 16) | st.just(256)),  # mostly tight
@@ -198,6 +205,10 @@ def workloads(draw, vocab: int, max_requests: int, budgets, max_faults: int) -> 
         max_num_batched_tokens=draw(st.sampled_from(budgets)),  # small: chunked prefill
         policy=draw(st.sampled_from(["fcfs", "priority"])),
         prefix_caching=draw(st.booleans() | st.just(True)),
+        block_size=block_size,
+        chunk_cap=draw(st.sampled_from([0, 0, 1, 3, 8])),
+        mixed_steps=draw(st.booleans() | st.just(True)),
+        new_token_ratio=draw(st.sampled_from([0.0, 0.0, 0.5, 1.0])),
         faults=frozenset(draw(st.sets(st.integers(1, 40), max_size=max_faults))),
         speculate=draw(st.sampled_from([0, 0, 1, 3])),
     )
@@ -225,15 +236,15 @@ class FakeRunner:
     position it attends to, its own tokens. A failing step (`faults`) writes garbage to its slots first, as a
     forward pass that dies part-way may."""
 
-    def __init__(self, faults=frozenset()):
-        self.kv, self.faults, self.calls = {}, faults, 0
+    def __init__(self, block_size: int, faults=frozenset()):
+        self.kv, self.block_size, self.faults, self.calls = {}, block_size, faults, 0
 
-    @staticmethod
-    def slot(seq, pos: int) -> int:
-        return seq.block_table[pos // BS] * BS + pos % BS
+    def slot(self, seq, pos: int) -> int:
+        return seq.block_table[pos // self.block_size] * self.block_size + pos % self.block_size
 
-    def run(self, seqs, is_prefill: bool):
+    def run(self, output):
         self.calls += 1
+        seqs, is_prefill = output.scheduled, output.is_prefill
         writes, ends = {}, []
         for seq in seqs:
             ids = seq.token_ids + seq.spec_token_ids  # a step verifying drafts computes them too
@@ -257,18 +268,17 @@ class FakeRunner:
             ids = seq.token_ids + seq.spec_token_ids
             for p in range(end):
                 assert self.kv.get(self.slot(seq, p)) == tuple(ids[: p + 1]), (
-                    f"sequence {seq.seq_id} reads wrong keys/values at position {p} (block {seq.block_table[p // BS]})"
+                    f"sequence {seq.seq_id} reads wrong keys/values at position {p} "
+                    f"(block {seq.block_table[p // self.block_size]})"
                 )
-        return [self.sample(seq) if seq.samples_this_step else None for seq in seqs]
+        return [self.sample(seq) if seq.samples_this_step else [] for seq in seqs]
 
     @staticmethod
-    def sample(seq) -> int:
-        """The simulated model's token after seq, after its drafts the model agrees with (kept in spec_token_ids)."""
+    def sample(seq) -> list[int]:
+        """The simulated model's tokens after seq: its drafts the model agrees with, then its own."""
         ids = seq.token_ids + seq.spec_token_ids
         targets = [next_token(ids[:i]) for i in range(len(seq), len(ids) + 1)]
-        kept = greedy_accept(targets, seq.spec_token_ids)
-        seq.spec_token_ids = kept[:-1]
-        return kept[-1]
+        return greedy_accept(targets, seq.spec_token_ids)
 
 
 class SimProposer:
@@ -282,7 +292,7 @@ class SimProposer:
             ids = list(seq.token_ids)
             for _ in range(min(self.k, seq.remaining_tokens - 1)):
                 ids.append((next_token(ids) + (len(ids) % 3 == 0)) % SIM_VOCAB)
-            seq.spec_token_ids = ids[len(seq) :]
+            seq.draft_token_ids = ids[len(seq) :]
 
     def release(self, seqs) -> None:
         """Nothing to free: like NgramProposer, it keeps no state between steps."""
@@ -295,15 +305,18 @@ def sim_engine(w: Workload, manager=BlockManager) -> LLMEngine:
         max_num_seqs=w.max_num_seqs,
         max_num_batched_tokens=w.max_num_batched_tokens,
         max_model_len=1024,
-        kvcache_block_size=BS,
+        kvcache_block_size=w.block_size,
         num_kvcache_blocks=w.num_blocks,
         enable_prefix_caching=w.prefix_caching,
         scheduling_policy=w.policy,
+        long_prefill_token_threshold=w.chunk_cap,
+        mixed_steps=w.mixed_steps,
+        new_token_ratio=w.new_token_ratio,
     )
     engine = LLMEngine.__new__(LLMEngine)
     engine.config, engine.tokenizer, engine.vocab_size = config, None, SIM_VOCAB
-    engine.model_runner = FakeRunner(w.faults)
-    engine.block_manager = manager(w.num_blocks, BS, w.prefix_caching)
+    engine.model_runner = FakeRunner(w.block_size, w.faults)
+    engine.block_manager = manager(w.num_blocks, w.block_size, w.prefix_caching)
     engine.scheduler = Scheduler(config, engine.block_manager, eos_token_ids=[SIM_EOS])
     engine.proposer = SimProposer(w.speculate) if w.speculate else None
     engine.spec_stats = SpecDecodingStats()
@@ -339,21 +352,24 @@ def real_alone(tiny_checkpoint):
 def real_engine(path, w: Workload, manager=None) -> LLM:
     llm = LLM(
         path,
-        kvcache_block_size=BS,
+        kvcache_block_size=w.block_size,
         num_kvcache_blocks=w.num_blocks,
         max_num_seqs=w.max_num_seqs,
         max_num_batched_tokens=w.max_num_batched_tokens,
         scheduling_policy=w.policy,
         enable_prefix_caching=w.prefix_caching,
+        long_prefill_token_threshold=w.chunk_cap,
+        mixed_steps=w.mixed_steps,
+        new_token_ratio=w.new_token_ratio,
         speculative_config=dict(NGRAM, num_speculative_tokens=w.speculate) if w.speculate else None,
     )
     if manager is not None:
-        llm.block_manager = llm.scheduler.block_manager = manager(w.num_blocks, BS, w.prefix_caching)
+        llm.block_manager = llm.scheduler.block_manager = manager(w.num_blocks, w.block_size, w.prefix_caching)
     run, calls = llm.model_runner.run, [0]
 
-    def run_or_fail(seqs, is_prefill):  # a failing step here ran the whole model (its KV written) first
+    def run_or_fail(output):  # a failing step here ran the whole model (its KV written) first
         calls[0] += 1
-        tokens = run(seqs, is_prefill)
+        tokens = run(output)
         if calls[0] in w.faults:
             raise InjectedFault(f"step {calls[0]}")
         return tokens
@@ -395,12 +411,10 @@ class UndercountingBlockManager(BlockManager):
 class UnrolledScheduler(Scheduler):
     """Broken on purpose: after a step that verified drafts, the rejected ones stay counted as computed."""
 
-    def accept_drafts(self, seqs, token_ids):
-        scheduled = [seq.num_scheduled_tokens for seq in seqs]
-        token_ids = super().accept_drafts(seqs, token_ids)
-        for seq, n in zip(seqs, scheduled):
-            seq.num_scheduled_tokens = n
-        return token_ids
+    def drop_rejected_drafts(self, seq, num_accepted):
+        computed = seq.num_computed_tokens
+        super().drop_rejected_drafts(seq, num_accepted)
+        seq.num_computed_tokens = computed
 
 
 def expect_caught(prop) -> str:

@@ -1,6 +1,7 @@
 """Scheduler decisions on their own (no model): budgets, chunking, preemption order, finishing."""
 
 import pytest
+from scheduling import run_step  # tests/ is on sys.path
 
 from minillm.config import Config
 from minillm.engine.block_manager import BlockManager, FreeBlockQueue
@@ -15,19 +16,12 @@ def scheduler(num_blocks=16, block_size=4, **kw) -> Scheduler:
     return Scheduler(Config(**{"new_token_ratio": 0.0, **kw}), BlockManager(num_blocks, block_size), eos_token_ids=[0])
 
 
-def run_step(s: Scheduler, token=7):
-    """Schedule one step and pretend the model sampled `token` for every sequence that reached its end."""
-    seqs, is_prefill = s.schedule()
-    s.postprocess(seqs, [token if seq.samples_this_step else None for seq in seqs])
-    return seqs, is_prefill
-
-
 def test_prefill_respects_the_sequence_and_token_budgets():
     s = scheduler(max_num_seqs=2, max_num_batched_tokens=100)
     for n in (10, 10, 10):
         s.add(Sequence([1] * n))
-    seqs, is_prefill = s.schedule()
-    assert is_prefill and len(seqs) == 2 and len(s.waiting) == 1
+    output = s.schedule()
+    assert output.is_prefill and len(output.scheduled) == 2 and len(s.waiting) == 1
 
 
 def test_a_long_prompt_is_prefilled_in_chunks():
@@ -51,8 +45,8 @@ def test_a_mixed_step_decodes_the_running_then_prefills_in_what_is_left():
     seqs, is_prefill = run_step(s)  # first's token, then 5 of second's 6 (the budget left)
     assert is_prefill and seqs == [first, second] and [x.num_scheduled_tokens for x in seqs] == [1, 5]
     assert first.num_completion_tokens == 2 and second.num_completion_tokens == 0
-    seqs, is_prefill = run_step(s)  # first's token and second's last prompt token
-    assert is_prefill and [x.num_scheduled_tokens for x in seqs] == [1, 1] and second.num_completion_tokens == 1
+    seqs, is_prefill = run_step(s)  # first's token and second's last prompt token: a decode row like first's
+    assert not is_prefill and [x.num_scheduled_tokens for x in seqs] == [1, 1] and second.num_completion_tokens == 1
     seqs, is_prefill = run_step(s)
     assert not is_prefill and seqs == [first, second]
 
@@ -130,8 +124,7 @@ def test_finish_on_eos_or_max_tokens_frees_blocks():
     s = scheduler()
     eos, capped = Sequence([1, 2]), Sequence([3], SamplingParams(max_tokens=2))
     s.add(eos), s.add(capped)
-    seqs, _ = s.schedule()
-    s.postprocess(seqs, [0, 5])  # eos gets EOS (id 0)
+    s.update_from_output(s.schedule(), [[0], [5]])  # eos gets EOS (id 0)
     assert eos.finish_reason == "stop" and not eos.block_table
     run_step(s)
     assert capped.finish_reason == "length" and capped.completion_token_ids == [5, 7]
@@ -155,10 +148,9 @@ def recomputed_tokens(new_token_ratio: float) -> tuple[int, int]:
         s.add(Sequence(list(range(10 * i + 1, 10 * i + 9)), SamplingParams(max_tokens=24, ignore_eos=True)))
     computed, peak = 0, 0
     while not s.is_finished():
-        seqs, _ = s.schedule()
+        seqs, _ = run_step(s)
         computed += sum(seq.num_scheduled_tokens for seq in seqs)
         peak = max(peak, len(s.running))
-        s.postprocess(seqs, [7 if seq.samples_this_step else None for seq in seqs])
     return computed - 6 * (8 + 24 - 1), peak  # the last token is sampled, never computed
 
 
@@ -194,11 +186,55 @@ def test_a_block_is_findable_by_hash_only_once_a_step_wrote_it(monkeypatch, free
     s.add(high)
     run_step(s)  # then high: 2 blocks, 9 tokens; the cache is full
     unwritten = low.block_table[1]  # positions 4-7: the next decode step writes position 7
-    seqs, _ = s.schedule()  # low's decode is scheduled (hashing that block), then high needs a block: low preempted
-    assert seqs == [high] and low.status == SequenceStatus.WAITING
+    output = s.schedule()  # low's decode is scheduled (hashing that block), then high needs a block: low preempted
+    assert output.scheduled == [high] and low.status == SequenceStatus.WAITING
     assert bm.hash_to_block_id.get(bm.blocks[unwritten].hash) != unwritten
-    s.postprocess(seqs, [7])  # high finishes (max_tokens 2): every block is free
+    s.update_from_output(output, [[7]])  # high finishes (max_tokens 2): every block is free
     run_step(s)  # low is recomputed, into blocks that are written this time
     later = Sequence(low.token_ids[:8] + [11])  # low's two full blocks, then its own token
     bm.allocate(later)
     assert later.num_cached_tokens == 8 and later.block_table[:2] == low.block_table[:2]
+
+
+def test_a_prompt_part_way_through_its_chunks_runs_and_no_step_is_empty():
+    """The fault vLLM V1's shape removes: a prompt part-way through its chunks held blocks while it waited; when
+    the only running request had to preempt itself, the step that preempted admitted no one and was empty (the
+    engine raised "nothing to run"). Now the partial prompt is running: the decoding request evicts it instead."""
+    s = scheduler(num_blocks=10, max_num_batched_tokens=4)
+    short = Sequence(list(range(1, 5)), SamplingParams(max_tokens=20, ignore_eos=True))
+    long = Sequence(list(range(10, 42)), SamplingParams(max_tokens=4, ignore_eos=True))
+    s.add(short), s.add(long)
+    steps = 0
+    while not s.is_finished():
+        seqs, _ = run_step(s)
+        assert seqs, f"step {steps} is empty with {len(s.waiting)} waiting and {len(s.running)} running"
+        if long.block_table:
+            assert long.status == SequenceStatus.RUNNING, "a request holding blocks is running"
+        steps += 1
+    assert s.num_preemptions and short.num_completion_tokens == 20 and long.num_completion_tokens == 4
+    assert s.block_manager.num_free_blocks == 10
+
+
+def test_every_running_request_gets_its_own_token_before_any_draft():
+    """Drafts come second: a's drafts would take the last free block, which b needs for its own next token (old
+    code: one pass handed a its drafts first, then preempted b). Now b gets the block and a's drafts are cut."""
+    s = scheduler(num_blocks=3, block_size=4)
+    a, b = Sequence([1, 2, 3]), Sequence([4, 5, 6, 7])
+    s.add(a), s.add(b)
+    run_step(s)  # a: 4 tokens in its block; b: 5 tokens, its next one needs a second block; 1 block free
+    a.draft_token_ids = [8, 9]
+    output = s.schedule()
+    assert output.scheduled == [a, b] and s.num_preemptions == 0
+    assert (a.spec_token_ids, a.num_scheduled_tokens, b.num_scheduled_tokens) == ([], 1, 1)
+    assert s.block_manager.num_free_blocks == 0 and len(b.block_table) == 2
+
+
+def test_drafts_are_scheduled_within_the_budget_and_the_free_blocks():
+    s = scheduler(num_blocks=4, block_size=2, max_num_batched_tokens=4)
+    a, b = Sequence([1]), Sequence([4])
+    s.add(a), s.add(b)
+    run_step(s)  # 2 tokens each, 1 block each, 2 free
+    a.draft_token_ids, b.draft_token_ids = [8, 9, 10], [8, 9]
+    s.schedule()  # budget 4: the two own tokens, then 2 drafts for a; none is left for b
+    assert (a.spec_token_ids, b.spec_token_ids) == ([8, 9], [])
+    assert (a.num_scheduled_tokens, b.num_scheduled_tokens) == (3, 1) and len(a.block_table) == 2

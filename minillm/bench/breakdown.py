@@ -21,7 +21,7 @@ PARTS = {
     "prepare": ["model_runner.prepare_prefill", "model_runner.prepare_decode", "model_runner.load"],
     "forward": ["model_runner.run_model"],
     "sample": ["model_runner.prepare_sample", "model_runner.sampler"],
-    "postprocess": ["scheduler.postprocess"],
+    "postprocess": ["scheduler.update_from_output"],
 }
 
 
@@ -98,7 +98,8 @@ class StepBreakdown:
             start = time.perf_counter()
             out = fn(*args, **kwargs)
             seconds = time.perf_counter() - start
-            seqs, is_prefill = self.results["schedule"]
+            output = self.results["schedule"]
+            seqs, is_prefill = output.scheduled, output.is_prefill
             self.steps.append(Step(is_prefill, len(seqs), seconds, dict(self.times)))
             if self.on_step:
                 self.on_step(seqs)

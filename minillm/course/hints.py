@@ -232,19 +232,17 @@ HINTS: dict[str, tuple[str, str, str]] = {
     ),
     "06.2": (
         "Admit sequences from the front of `self.waiting`, in order, while there is a seat "
-        "(`self.max_num_seqs` running) and token budget left (the `budget` argument: what this step's decode "
-        "tokens left of max_num_batched_tokens). Stop at "
-        "the first one whose blocks do not fit, so nobody overtakes it; return the scheduled sequences.",
-        "A sequence without blocks is allocated only if `self.can_admit(seq)`; then its "
-        "num_computed_tokens starts at num_cached_tokens, capped at len(seq) − 1. Schedule min(tokens left, "
-        "budget), and no more than `self.long_prefill_token_threshold` when it is above 0, as "
-        "num_scheduled_tokens, take them off the budget, and call "
+        "(`self.max_num_seqs` running) and token budget left (the `budget` argument: what this step's running "
+        "requests left of max_num_batched_tokens). Stop at the first one that `self.can_admit` refuses, so "
+        "nobody overtakes it; return the admitted sequences.",
+        "Allocate its blocks with the block manager; num_computed_tokens starts at "
+        "num_cached_tokens, capped at len(seq) − 1. `self.chunk_size(seq, budget)` is num_scheduled_tokens (it "
+        "applies the budget and long_prefill_token_threshold); take it off the budget and call "
         "`self.block_manager.cache_blocks(seq, computed + scheduled)`.",
-        "Only a sequence whose prompt finishes this step (`seq.samples_this_step`) leaves waiting, becomes "
-        "SequenceStatus.RUNNING and joins `self.running`; a chunked one keeps its blocks, stays at the head and "
-        "ends this step's admissions (20 tokens under a budget of 8 run as 8, 8, 4). The cap of len(seq) − 1 "
-        "keeps one token to compute, for its logits. A head that already has a block_table is not allocated "
-        "again.",
+        "Every admitted sequence leaves waiting (popleft), becomes SequenceStatus.RUNNING and joins "
+        "`self.running`, even one whose chunk does not reach the end of its prompt: it holds blocks, and "
+        "`schedule_chunks` gives it the rest (20 tokens under a budget of 8 run as 8, 8, 4). The cap of "
+        "len(seq) − 1 keeps one token to compute, for its logits.",
     ),
     "06.3": (
         "Loop: while seq's next token has no cache slot (`self.block_manager.can_append(seq)` is false), "
@@ -258,15 +256,18 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "step, or seq itself: compare with `is`, and stop as soon as seq is preempted.",
     ),
     "06.4": (
-        "Go through the step's sequences with their sampled tokens, in order: record the work done; if a "
-        "token was sampled, append it and decide whether the sequence is finished. A finished one frees its "
-        "blocks and leaves `self.running`. Return those that got a token.",
-        "Add num_scheduled_tokens to num_computed_tokens for every sequence. A None token means a prefill "
-        "chunk that did not reach the end of the prompt: nothing more to do for it. Otherwise append to "
-        "`seq.token_ids` and set `seq.finish_reason` with the module's `finish_reason(seq, self.eos_token_ids)`.",
-        "When finish_reason is not None ('stop' or 'length'): status SequenceStatus.FINISHED, its blocks "
-        "freed with the block manager's `deallocate`, and out of `self.running`. Advance num_computed_tokens before "
-        "the None check, and let the helper judge EOS: it also handles stop_token_ids, ignore_eos and "
+        "Go through the step's sequences (`output.scheduled`) with their tokens, in order: record the work done; "
+        "append the tokens, deciding after each whether the sequence is finished. A finished one frees its "
+        "blocks and leaves `self.running`. Return those that got tokens.",
+        "Add num_scheduled_tokens to num_computed_tokens for every sequence; if it verified drafts "
+        "(spec_token_ids not empty) let drop_rejected_drafts uncount the rejected ones: all but len(tokens) − 1 "
+        "of them. An empty list means a "
+        "prefill chunk that did not reach the end of the prompt: nothing more to do for it. Otherwise append "
+        "each token to `seq.token_ids` and set `seq.finish_reason` with the module's "
+        "`finish_reason(seq, self.eos_token_ids)`.",
+        "Stop appending at the first token whose finish_reason is not None ('stop' or 'length'): the rest are "
+        "dropped. Then status SequenceStatus.FINISHED, its blocks freed with the block manager's `deallocate`, "
+        "and out of `self.running`. Let the helper judge EOS: it also handles stop_token_ids, ignore_eos and "
         "max_tokens.",
     ),
     "07.1": (
@@ -447,14 +448,13 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "draw, rand and multinomial alike.",
     ),
     "13.4": (
-        "A sequence verified drafts when its step went past its end: num_computed_tokens + num_scheduled_tokens "
-        "> len(seq). Others (and a None token) are left as they are. Work on a copy of token_ids.",
-        "Take the kept drafts out of seq.spec_token_ids (and empty it) before appending them; after each append "
-        "ask finish_reason. If it says the request ends, that draft becomes the returned token: pop it back off "
-        "token_ids, so postprocess appends it, and stop appending.",
-        "The rollback is two lines once the drafts are in: num_scheduled_tokens becomes len(seq) minus "
-        "num_computed_tokens, and free_tail(seq, len(seq) + 1) keeps the blocks for the tokens after "
-        "postprocess. Rejected slots need no clearing: they are no longer counted, so they will be overwritten.",
+        "Three statements. The step counted the newest token and all k = len(seq.spec_token_ids) drafts as "
+        "computed; only the newest and the num_accepted kept drafts really belong to the sequence.",
+        "Subtract the rejected ones, k − num_accepted, from num_computed_tokens. Their slots need no clearing: no "
+        "longer counted, they will be overwritten by the next tokens.",
+        "Blocks: the sequence will hold len(seq) + num_accepted + 1 tokens once update_from_output appends the "
+        "kept drafts and the target's token: the block manager's free_tail keeps the blocks for that many; "
+        "then empty spec_token_ids (read its length first).",
     ),
     "14.1": (
         "One scale per row: the largest magnitude of the row, weight.abs().amax(dim=1), over 127, so that the "

@@ -148,17 +148,16 @@ class LLMEngine:
             raise RuntimeError(f"this engine is closed ({self.closed}): create a new LLM")
         seqs = None
         try:
-            if self.proposer:  # every running sequence has its newest token to compute: guess the ones after it
-                self.proposer.propose(list(self.scheduler.running))
-            seqs, is_prefill = self.scheduler.schedule()
-            if not seqs:
-                raise RuntimeError("the scheduler found nothing to run although requests are waiting")
-            token_ids = self.model_runner.run(seqs, is_prefill)
+            if self.proposer:  # guess the tokens after each decoding sequence's newest
+                self.proposer.propose([seq for seq in self.scheduler.running if seq.is_decoding])
+            output = self.scheduler.schedule()
+            seqs = output.scheduled
+            assert seqs, "the scheduler planned an empty step although requests are unfinished"
+            sampled = self.model_runner.run(output)
             now = time.perf_counter()
             if self.proposer:
-                self.spec_stats.observe(seqs)
-                token_ids = self.scheduler.accept_drafts(seqs, token_ids)
-            updated = self.scheduler.postprocess(seqs, token_ids)
+                self.spec_stats.observe(seqs, sampled)
+            updated = self.scheduler.update_from_output(output, sampled)
             if self.proposer:
                 self.proposer.release([seq for seq in updated if seq.is_finished])
         except BaseException as e:
@@ -179,7 +178,7 @@ class LLMEngine:
                 ) from e
             raise
         record_token_times(updated, now)
-        return updated, sum(seq.num_scheduled_tokens for seq in seqs)
+        return updated, output.total_num_scheduled_tokens
 
     def is_finished(self) -> bool:
         return self.scheduler.is_finished()

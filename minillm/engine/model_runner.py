@@ -19,6 +19,7 @@ from minillm.engine.kv_cache import (
     kv_cache_bytes_per_token,
     kv_cache_int8_bytes_per_token,
 )
+from minillm.engine.scheduler_output import SchedulerOutput
 from minillm.engine.sequence import Sequence
 from minillm.layers.paged_attention import slot_mapping_for
 from minillm.layers.rejection_sampler import RejectionSampler
@@ -176,14 +177,14 @@ class ModelRunner:
         rows, num_decodes = [], 0
         for seq in seqs:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + seq.num_scheduled_tokens
-            if decodes(seq) and num_decodes == len(rows):
+            if seq.decodes_this_step and num_decodes == len(rows):
                 rows += [(seq, pos, pos + 1) for pos in range(start, end)]
                 num_decodes = len(rows)
             else:
                 rows.append((seq, start, end))
         input_ids, positions, slot_mapping, cu_q, cu_k, logits_indices = [], [], [], [0], [0], []
         for seq, start, end in rows:
-            input_ids += tokens_at(seq, start, end)
+            input_ids += seq.tokens_at(start, end)
             positions += range(start, end)
             cu_q.append(cu_q[-1] + end - start)
             cu_k.append(cu_k[-1] + end)
@@ -213,7 +214,7 @@ class ModelRunner:
         rows = [(seq, pos) for seq in seqs for pos in range(len(seq) - 1, len(seq) + len(seq.spec_token_ids))]
         return StepInputs(
             False,
-            [tokens_at(seq, pos, pos + 1)[0] for seq, pos in rows],
+            [seq.tokens_at(pos, pos + 1)[0] for seq, pos in rows],
             [pos for _, pos in rows],
             [slot_mapping_for(seq.block_table, pos, pos + 1, self.block_size)[0] for seq, pos in rows],
             [seq.block_table for seq, _ in rows],
@@ -258,13 +259,14 @@ class ModelRunner:
         finally:
             reset_context()
 
-    def run(self, seqs: list[Sequence], is_prefill: bool) -> list[int | None]:
-        """One step; a token for each sequence that reached its end, None for a prefill chunk that did not.
-        Decoding sequences run first, ordered by length (similar contexts side by side, see CPUAttentionBackend),
-        then the prompt chunks of a prefill or mixed step in the order scheduled."""
-        batch = sorted((seq for seq in seqs if decodes(seq)), key=len)
-        batch += [seq for seq in seqs if not decodes(seq)]
-        inputs = (self.prepare_prefill if is_prefill else self.prepare_decode)(batch)
+    def run(self, output: SchedulerOutput) -> list[list[int]]:
+        """One step; for each of output.scheduled, the tokens it produced: [] for a prompt chunk that did not reach
+        the end, else its kept drafts (chapter 13) and one token. Decoding sequences run first, ordered by length
+        (similar contexts side by side, see CPUAttentionBackend), then the prompt chunks in the order scheduled."""
+        seqs = output.scheduled
+        batch = sorted((seq for seq in seqs if seq.decodes_this_step), key=len)
+        batch += [seq for seq in seqs if not seq.decodes_this_step]
+        inputs = (self.prepare_prefill if output.is_prefill else self.prepare_decode)(batch)
         if self.group:
             self.group.send_step(inputs)  # the other ranks run the same step on their shards
         try:
@@ -276,12 +278,14 @@ class ModelRunner:
             raise
         sampled = [seq for seq in batch if seq.samples_this_step]
         with compiled_layers(self.compile_layers):
-            if any(seq.spec_token_ids for seq in sampled):  # verify drafts: the kept ones stay in spec_token_ids
-                tokens = self.rejection_sampler(logits, sampled, self.prepare_sample(sampled, rows_per_draft=True))
+            if any(seq.spec_token_ids for seq in sampled):  # verify drafts
+                md = self.prepare_sample(sampled, rows_per_draft=True)
+                drafts, probs = [seq.spec_token_ids for seq in sampled], [seq.spec_probs for seq in sampled]
+                tokens = self.rejection_sampler(logits, drafts, probs, md)
             else:
-                tokens = self.sampler(logits, self.prepare_sample(sampled)).tolist() if sampled else []
+                tokens = [[t] for t in self.sampler(logits, self.prepare_sample(sampled)).tolist()] if sampled else []
         tokens = dict(zip(sampled, tokens))
-        return [tokens.get(seq) for seq in seqs]
+        return [tokens.get(seq, []) for seq in seqs]
 
     def loop(self) -> None:
         """Ranks 1..N-1: run every step rank 0 sends until it sends the end (see TensorParallelGroup)."""
@@ -290,15 +294,3 @@ class ModelRunner:
                 self.execute(inputs)
             except Exception as e:  # rank 0 abandoned the step, or this rank failed: both end it for all
                 self.group.abandon_step(e)
-
-
-def decodes(seq: Sequence) -> bool:
-    """Whether seq's step decodes: its newest token (and any drafts after it) over keys and values in the cache,
-    rather than a prompt's chunk."""
-    return seq.num_scheduled_tokens == 1 or seq.num_computed_tokens + seq.num_scheduled_tokens > len(seq)
-
-
-def tokens_at(seq: Sequence, start: int, end: int) -> list[int]:
-    """seq's tokens at positions start..end-1, its drafts following its own tokens."""
-    n = len(seq)
-    return seq.token_ids[start:end] + seq.spec_token_ids[max(0, start - n) : max(0, end - n)]

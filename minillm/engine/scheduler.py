@@ -1,30 +1,17 @@
-"""Scheduler: which sequences run in the next step, and what happens to them after it.
+"""Scheduler: which requests run in the next step (`schedule()`, a `SchedulerOutput`), and what happens to them
+after it (`update_from_output()`), as vLLM V1's. Every running request has work in every step: its next token (a
+full cache preempts the request last in queue order), then its drafts (chapter 13), or the next chunk of its
+prompt. Waiting requests are admitted in what is left of the token budget while there is a seat and the cache
+keeps room for everyone's growth; an admitted request holds blocks, so it is running, even part-way through its
+prompt. A step that fails is rolled back: its requests wait to be recomputed."""
 
-A step is mixed, as in vLLM V1: every running sequence decodes one token, and in what is left of the token budget
-(max_num_batched_tokens) waiting sequences are admitted while the batch has a seat (max_num_seqs) and the KV
-cache has blocks; a prompt longer than what is left is prefilled in chunks over several steps (each at most
-long_prefill_token_threshold tokens, if set), so an arriving prompt never stalls the running ones. With
-mixed_steps=False a step is all prefill (prompts first) or all decode.
-A new request is admitted only while the cache keeps room for part of its own and the running ones'
-growth (new_token_ratio); when it runs out anyway during decode, a sequence is preempted: its blocks are
-freed and it waits to be recomputed (its prefix blocks often survive in the prefix cache). A step that fails is rolled back: the
-blocks it was to fill stop being findable by hash, and its sequences are preempted.
-"""
-
-from bisect import bisect_right
+from bisect import insort
 from collections import deque
 
 from minillm.config import Config
 from minillm.engine.block_manager import BlockManager
-from minillm.engine.sequence import Sequence, SequenceStatus
-
-
-def finish_reason(seq: Sequence, eos_token_ids: set[int]) -> str | None:
-    """Why seq stops after its newest token: "stop" (EOS or a stop token), "length" (max_tokens), or None."""
-    sp, token = seq.sampling_params, seq.last_token
-    if (token in eos_token_ids and not sp.ignore_eos) or token in sp.stop_token_ids:
-        return "stop"
-    return "length" if seq.num_completion_tokens >= sp.max_tokens else None
+from minillm.engine.scheduler_output import SchedulerOutput
+from minillm.engine.sequence import Sequence, SequenceStatus, finish_reason
 
 
 class Scheduler:
@@ -37,8 +24,8 @@ class Scheduler:
         self.new_token_ratio = config.new_token_ratio
         self.block_manager = block_manager
         self.eos_token_ids = set(eos_token_ids)
-        self.waiting: deque[Sequence] = deque()
-        self.running: deque[Sequence] = deque()
+        self.waiting: deque[Sequence] = deque()  # in queue order (queue_key); none of them holds blocks
+        self.running: deque[Sequence] = deque()  # admitted: holding blocks, decoding or part-way through a prompt
         self.num_preemptions = 0  # how many times a running sequence was sent back to be recomputed
 
     def is_finished(self) -> bool:
@@ -49,41 +36,40 @@ class Scheduler:
         return (-seq.priority, seq.seq_id) if self.policy == "priority" else (seq.seq_id,)
 
     def add(self, seq: Sequence) -> None:
-        """Queue seq in policy order, behind a partly prefilled sequence (it holds blocks and must finish)."""
-        pos = bisect_right(self.waiting, self.queue_key(seq), key=self.queue_key)
-        if self.waiting and self.waiting[0].block_table:
-            pos = max(pos, 1)
-        self.waiting.insert(pos, seq)
+        insort(self.waiting, seq, key=self.queue_key)
 
-    def schedule(self) -> tuple[list[Sequence], bool]:
-        """The sequences of the next step, each with num_scheduled_tokens set, and whether it prefills (a
-        prefill or a mixed step: decode tokens first, then prompt chunks) or only decodes (each running sequence's
-        newest token, and the drafts after it, chapter 13)."""
+    def schedule(self) -> SchedulerOutput:
+        """The next step's plan, never empty while a request is unfinished: the running requests' work (their next
+        tokens, their drafts, the next chunks of their prompts), then waiting requests in what is left of the token
+        budget. As in vLLM, a step that had to preempt admits no one (the victim would be readmitted at once),
+        unless it would otherwise be empty."""
         if self.policy == "priority":
             self.preempt_for_priority()
-        if self.mixed_steps:
-            preemptions = self.num_preemptions
+        preemptions, budget, decodes, chunks, new = self.num_preemptions, self.max_num_batched_tokens, [], [], []
+        if self.mixed_steps or not self.has_prompt_work():
             decodes = self.schedule_decode()
-            # as vLLM: a step that had to preempt admits no one (the victim would be readmitted at once)
-            used = sum(seq.num_scheduled_tokens for seq in decodes)
-            budget = self.max_num_batched_tokens - used if self.num_preemptions == preemptions else 0
-            prefills = self.schedule_prefill(budget)
-        else:
-            decodes, prefills = [], self.schedule_prefill(self.max_num_batched_tokens)
-            if not prefills:
-                decodes = self.schedule_decode()
-        for seq in prefills:  # what the output reports: the prompt's cache hits at its first admission
+            budget -= len(decodes) + self.schedule_drafts(decodes, budget - len(decodes))
+        if self.mixed_steps or not decodes:
+            chunks = self.schedule_chunks(budget)
+            budget -= sum(seq.num_scheduled_tokens for seq in chunks)
+            if self.num_preemptions == preemptions or not (decodes or chunks):
+                new = self.schedule_prefill(budget)
+        for seq in new:  # what the output reports: the prompt's cache hits at its first admission
             if seq.num_prompt_cached_tokens is None:
                 seq.num_prompt_cached_tokens = seq.num_cached_tokens
-        return decodes + prefills, bool(prefills)
+        return SchedulerOutput(new, decodes + chunks)
+
+    def has_prompt_work(self) -> bool:
+        """Whether a prompt chunk could run now (with mixed_steps=False such a step comes before any decode)."""
+        fits = self.waiting and len(self.running) < self.max_num_seqs and self.can_admit(self.waiting[0])
+        return bool(fits) or not all(seq.is_decoding for seq in self.running)
 
     def preempt_for_priority(self) -> None:
         """Under the priority policy, a waiting request that cannot be admitted (no seat or no blocks) preempts
         running requests of lower priority, lowest first, until it can."""
         while self.waiting and self.running:
             head, victim = self.waiting[0], max(self.running, key=self.queue_key)
-            has_room = len(self.running) < self.max_num_seqs and (head.block_table or self.can_admit(head))
-            if has_room or victim.priority >= head.priority:
+            if (len(self.running) < self.max_num_seqs and self.can_admit(head)) or victim.priority >= head.priority:
                 return
             self.preempt(victim)
 
@@ -97,97 +83,83 @@ class Scheduler:
         )
         return bm.num_free_blocks >= bm.num_blocks(len(seq) + int(ratio * seq.remaining_tokens)) + growth
 
+    def chunk_size(self, seq: Sequence, budget: int) -> int:
+        """How many of seq's uncomputed tokens a step may take: all, but at most `budget` and, if it is above 0,
+        long_prefill_token_threshold (vLLM's cap on one prompt's chunk, which keeps every step short)."""
+        cap = self.long_prefill_token_threshold or budget
+        return min(len(seq) - seq.num_computed_tokens, budget, cap)
+
     def schedule_prefill(self, budget: int) -> list[Sequence]:
-        """The waiting sequences this step prefills, in order, each with `num_scheduled_tokens` set ([] if none),
-        in at most `budget` tokens (what the step's decode tokens left of max_num_batched_tokens).
+        """Admit waiting sequences into the step, in order, each with `num_scheduled_tokens` set ([] if none), in at
+        most `budget` tokens (what the running requests left of max_num_batched_tokens).
 
         Loop while `self.waiting` is not empty, fewer than `self.max_num_seqs` sequences are in `self.running`
-        (a free seat), and `budget` is above 0. Always
-        look at the head, `seq = self.waiting[0]`; never skip it, so nobody overtakes a request that waits.
-        1. If `seq.block_table` is empty (new, or preempted), it needs blocks: stop the loop if
-           `self.can_admit(seq)` is False (the cache is full, or would be once the running sequences grow: it
-           stays first in waiting, with no block_table). Otherwise `self.block_manager.allocate(seq)` (this sets `seq.num_cached_tokens`,
-           the prefix-cache hit) and start `seq.num_computed_tokens` there, but at most `len(seq) - 1`: the
-           last token is always computed, as its logits give the next token. A head that already has a
-           block_table is a long prompt part-way through its chunks: do not allocate it again.
-        2. Schedule `seq.num_scheduled_tokens = min(len(seq) - seq.num_computed_tokens, budget)`, and at most
-           `self.long_prefill_token_threshold` if that is above 0 (a cap that keeps every step short), and take
-           them off the budget. Make the blocks this step fills findable by their hash:
-           `self.block_manager.cache_blocks(seq, seq.num_computed_tokens + seq.num_scheduled_tokens)`.
-        3. Add seq to the returned list. If the step does not reach its end (`seq.samples_this_step` is
-           False), it is a chunk: stop the loop; seq stays first in `waiting` with its blocks and continues
-           next step. Otherwise move it from `waiting` (popleft) to the end of `running` and set `seq.status`
-           to SequenceStatus.RUNNING.
-        Do not touch `num_computed_tokens` after scheduling: `postprocess` advances it once the step ran.
+        (a free seat), and `budget` is above 0. Always look at the head, `seq = self.waiting[0]`; never skip it, so
+        nobody overtakes a request that waits. A waiting sequence holds no blocks (new, or preempted).
+        1. Stop the loop if `self.can_admit(seq)` is False (the cache is full, or would be once the running
+           sequences grow: seq stays first in waiting). Otherwise `self.block_manager.allocate(seq)` (this sets
+           `seq.num_cached_tokens`, the prefix-cache hit) and start `seq.num_computed_tokens` there, but at most
+           `len(seq) - 1`: the last token is always computed, as its logits give the next token.
+        2. Schedule `seq.num_scheduled_tokens = self.chunk_size(seq, budget)` (its uncomputed tokens, at most the
+           budget and the per-prompt cap) and take them off the budget. Make the blocks this step fills findable
+           by their hash: `self.block_manager.cache_blocks(seq, seq.num_computed_tokens + seq.num_scheduled_tokens)`.
+        3. Move seq from `waiting` (popleft) to the end of `running`, set `seq.status` to SequenceStatus.RUNNING, and
+           add it to the returned list: it runs from now on, even if this step computes only a first chunk of its
+           prompt (`update_from_output` advances num_computed_tokens; `schedule_chunks` gives it the next chunks).
 
-        Examples (blocks of 4 tokens, new_token_ratio 0, where can_admit asks only that the prompt fit): with
-        max_num_seqs=2 and prompts of 10, 11 and 12 tokens, one step admits the first two (both RUNNING, each
-        with a block_table) and the third stays in waiting. With a budget of 8, a 20-token prompt is scheduled
-        as 8, 8 and 4 over three steps (only the last samples); with a budget of 100 and a threshold of 8, the
-        same. With 3 free blocks, prompts of 8 and 8 tokens:
-        the first takes 2 blocks and runs; the second cannot be allocated, so the step returns only the first
-        and the second waits with an empty block_table.
+        Examples (blocks of 4 tokens, new_token_ratio 0, so can_admit asks only that the prompt fit): max_num_seqs=2
+        and prompts of 10, 11 and 12 tokens: the first two are admitted, the third waits. A budget of 8 and prompts
+        of 20 and 5 tokens: the first is RUNNING with a chunk of 8, the second waits. 3 free blocks and prompts of
+        8 and 8 tokens: the first takes 2 blocks; the second waits, with an empty block_table.
         """
         # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
         # BEGIN EXERCISE 06.2: prefill selection — admit waiting sequences under the sequence, token and block budgets
-        scheduled, cap = [], self.long_prefill_token_threshold
+        scheduled = []
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             seq = self.waiting[0]
-            if not seq.block_table:
-                if not self.can_admit(seq):
-                    break
-                self.block_manager.allocate(seq)
-                seq.num_computed_tokens = min(seq.num_cached_tokens, len(seq) - 1)  # always compute one token
-            seq.num_scheduled_tokens = min(len(seq) - seq.num_computed_tokens, budget, cap or budget)
+            if not self.can_admit(seq):
+                break
+            self.block_manager.allocate(seq)
+            seq.num_computed_tokens = min(seq.num_cached_tokens, len(seq) - 1)  # always compute one token
+            seq.num_scheduled_tokens = self.chunk_size(seq, budget)
             budget -= seq.num_scheduled_tokens
             self.block_manager.cache_blocks(seq, seq.num_computed_tokens + seq.num_scheduled_tokens)
-            scheduled.append(seq)
-            if not seq.samples_this_step:
-                break  # a chunk of a long prompt: the rest comes in the next steps
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            scheduled.append(seq)
         return scheduled
         # END EXERCISE
 
     def schedule_decode(self) -> list[Sequence]:
-        """One token for each running sequence (up to max_num_seqs), preempting when the cache is full; and its
-        draft tokens to verify (chapter 13), as far as the token budget and the free blocks allow (drafts are
-        dropped rather than cause a preemption)."""
-        scheduled, running = [], list(self.running)[: self.max_num_seqs]
-        spare = self.max_num_batched_tokens - len(running)  # the budget beyond one token per sequence
-        for seq in running:
-            del seq.spec_token_ids[max(spare, 0) :]
-            if not self.block_manager.can_append(seq):
-                seq.spec_token_ids = []
+        """The first pass: the next token of each running sequence whose prompt is computed, each with a cache slot
+        (make_room preempts when there is none; a victim already scheduled drops out of the step)."""
+        scheduled = []
+        for seq in [seq for seq in self.running if seq.is_decoding]:
             if seq.status == SequenceStatus.RUNNING and self.make_room(seq):
                 self.block_manager.may_append(seq)
-                seq.num_scheduled_tokens = 1 + len(seq.spec_token_ids)
-                spare -= len(seq.spec_token_ids)
+                seq.num_scheduled_tokens = 1
                 self.block_manager.cache_blocks(seq, len(seq))
                 scheduled.append(seq)
-        return [seq for seq in scheduled if seq.status == SequenceStatus.RUNNING]  # a victim may be among them
+        return [seq for seq in scheduled if seq.status == SequenceStatus.RUNNING]
 
     def make_room(self, seq: Sequence) -> bool:
         """Preempt running sequences until seq's next token has a cache slot. Returns True if seq can run this
         step, False if seq itself was preempted.
 
-        seq is a RUNNING sequence about to decode one token (`schedule_decode` calls this for each running
-        sequence in turn); a new block is needed every block_size tokens. Loop while
+        seq is a RUNNING sequence about to decode one token (`schedule_decode` calls this for each in turn). Loop while
         `self.block_manager.can_append(seq)` is False: pick the victim, the running sequence that the waiting
         order puts last, `max(self.running, key=self.queue_key)`: the latest arrival under FCFS; the lowest
         priority, then the latest arrival, under the priority policy. Every sequence in `self.running` is a
-        candidate, one already scheduled in this step and seq itself included. Call `self.preempt(victim)`:
-        it frees the victim's blocks (its block_table becomes []), sets its status to
+        candidate: one already scheduled in this step, one part-way through its prompt, and seq itself. Call
+        `self.preempt(victim)`: it frees the victim's blocks (its block_table becomes []), sets its status to
         SequenceStatus.WAITING and puts it back in `self.waiting` in queue order, to be recomputed later. If
         the victim is seq (compare with `is`), return False at once; otherwise check again. Return True once
         can_append says yes (at once if a block is free or seq's last block has room).
 
-        Example (priority policy, 3 blocks of 2 tokens): `low` (priority 0) and `high` (priority 5), prompts
-        of 2 tokens, are prefilled and each sampled a token (1 block each, 3 tokens each). Decoding needs a
-        second block for both, but 1 is free: `high` gets it; for `low`, the victim is `low` itself, so low
-        is WAITING, first in waiting, with an empty block_table, and make_room(low) returns False; high stays
-        RUNNING with 2 blocks in its block_table.
+        Example (priority policy, 3 blocks of 2 tokens): `low` (priority 0) and `high` (priority 5) hold 3 tokens and
+        1 block each; both need a second block, 1 is free: `high` gets it; for `low`, the victim is `low` itself:
+        make_room(low) returns False, low is WAITING, first in waiting, with an empty block_table.
         """
         # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
         # BEGIN EXERCISE 06.3: preemption — free the least important running sequence until seq fits
@@ -198,6 +170,33 @@ class Scheduler:
                 return False
         return True
         # END EXERCISE
+
+    def schedule_drafts(self, seqs: list[Sequence], budget: int) -> int:
+        """The second pass (chapter 13), once every running sequence has its own slot: the drafts each of `seqs` is to
+        verify, from its `draft_token_ids` as far as `budget` and the free blocks allow; returns how many."""
+        bm, total = self.block_manager, 0
+        for seq in seqs:
+            n = max(0, min(len(seq.draft_token_ids), budget - total))
+            while n and bm.num_blocks(len(seq) + n) - len(seq.block_table) > bm.num_free_blocks:
+                n -= 1
+            seq.spec_token_ids = seq.draft_token_ids[:n]
+            bm.may_append(seq)
+            seq.num_scheduled_tokens += n
+            total += n
+        return total
+
+    def schedule_chunks(self, budget: int) -> list[Sequence]:
+        """The next chunk of each running sequence part-way through its prompt, in order, in `budget` tokens."""
+        scheduled = []
+        for seq in self.running:
+            if budget <= 0:
+                break
+            if not seq.is_decoding:
+                seq.num_scheduled_tokens = self.chunk_size(seq, budget)
+                budget -= seq.num_scheduled_tokens
+                self.block_manager.cache_blocks(seq, seq.num_computed_tokens + seq.num_scheduled_tokens)
+                scheduled.append(seq)
+        return scheduled
 
     def release(self, seq: Sequence) -> None:
         """Free seq's blocks and take it out of its queue."""
@@ -221,11 +220,9 @@ class Scheduler:
         seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
 
     def rollback(self, seqs: list[Sequence]) -> None:
-        """Undo a step that failed: its sequences go back to waiting, to be recomputed. Scheduling made the blocks
-        it was to fill findable by hash (so that requests admitted together share a prefix: every layer stores a
-        step's keys before any attends); freeing them forgets those hashes (`deallocate`), as their contents may
-        never have been written. A sequence the step had already finished is released completely (the fault may
-        have come half-way)."""
+        """Undo a step that failed: its sequences go back to waiting, to be recomputed; freeing their blocks forgets
+        the hashes scheduling gave the blocks the step was to fill (`deallocate`). A sequence the step had already
+        finished is released completely (the fault may have come half-way)."""
         for seq in seqs:
             if seq.is_finished:
                 if seq.block_table:
@@ -235,86 +232,69 @@ class Scheduler:
             else:
                 self.requeue(seq)  # not a preemption: nothing chose to evict it
 
-    def accept_drafts(self, seqs: list[Sequence], token_ids: list[int | None]) -> list[int | None]:
-        """Record the drafts a step verified (speculative decoding), before `postprocess`; returns the token_ids
-        postprocess is to append (the same, but where a kept draft ends the request).
+    def update_from_output(self, output: SchedulerOutput, sampled: list[list[int]]) -> list[Sequence]:
+        """Record a step that ran (vLLM's name). `sampled[i]` are the tokens the step produced for
+        `output.scheduled[i]`: [] for a prompt chunk that did not reach its prompt's end, [t] for one that did and
+        for a decode, and in a verify step (chapter 13) the drafts the sampler kept, then the target's own token.
+        Returns the sequences that got tokens, in order. For each sequence and its tokens, in order:
+        1. advance `seq.num_computed_tokens` by `seq.num_scheduled_tokens` (those keys and values are now in the
+           cache), chunks included; if it verified drafts (`seq.spec_token_ids` is not empty), then call
+           `self.drop_rejected_drafts(seq, len(tokens) - 1)` (chapter 13: it uncounts the rejected ones);
+        2. if tokens is empty, nothing more: the chunk keeps its blocks and stays running;
+        3. otherwise add seq to the returned list and append its tokens to `seq.token_ids` one by one; after each,
+           set `seq.finish_reason = finish_reason(seq, self.eos_token_ids)`: "stop" (an EOS token unless
+           sampling_params.ignore_eos, or one of stop_token_ids), "length" (max_tokens reached), or None. At the
+           first that is not None, drop the tokens after it;
+        4. if seq finished: status SequenceStatus.FINISHED, its blocks given back with
+           `self.block_manager.deallocate(seq)` (its block_table becomes []), and out of `self.running`. That free
+           seat is what the next step refills.
 
-        The step ran each sequence over its newest token and its drafts: seq.num_scheduled_tokens is 1 + the
-        number of drafts scheduled, and their keys and values are in the cache at the positions after
-        seq.num_computed_tokens. The sampler has left in `seq.spec_token_ids` the drafts it kept (a prefix of
-        them, maybe none) and `token_ids[i]` is the target's own token after them. For each sequence whose
-        token is not None and whose step went past its end (num_computed_tokens + num_scheduled_tokens >
-        len(seq): drafts were scheduled):
-        1. append the kept drafts to seq.token_ids one by one; if one ends the request (`finish_reason(seq,
-           self.eos_token_ids)` is not None after it is appended: a stop token, EOS), take it off again and
-           make it this sequence's token in the returned list, dropping the kept drafts after it and the
-           target's token;
-        2. roll back the rest: set `seq.num_scheduled_tokens = len(seq) - seq.num_computed_tokens`, so that
-           postprocess advances num_computed_tokens past the kept tokens only (the rejected drafts' keys and
-           values stay in their slots, to be overwritten: they are no longer counted as computed), give back the
-           blocks past what the sequence will hold after postprocess appends its token,
-           `self.block_manager.free_tail(seq, len(seq) + 1)`, and empty seq.spec_token_ids.
-        Other sequences (a prompt's chunk, a decode without drafts) keep their token as it is.
-
-        Example, blocks of 4: a running sequence of 6 tokens (num_computed_tokens 5) verified 3 drafts
-        (num_scheduled_tokens 4; blocks for 9 tokens: 3); the sampler kept 1 draft, 40, and gave token 41. Then
-        its tokens are the 6 and 40 (7), num_scheduled_tokens is 2, its block_table 2 blocks (for 8 tokens); it
-        returns [41], and postprocess makes it 8 tokens with
-        num_computed_tokens 7. Had 40 been the EOS id, it would return [40] with tokens the 6 only.
+        Example, EOS id 0: prompts [1, 2], [3] (max_tokens=1) and [5, 6, 7] cut to a 2-token chunk, scheduled
+        together, sampled [[0], [9], []]: the first finishes with "stop", completion_token_ids [0], block_table [];
+        the second with "length" and [9]; the third has num_computed_tokens 2 and stays running. Returns the first
+        two.
         """
         # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
-        # BEGIN EXERCISE 13.4: KV rollback — keep the accepted drafts, uncount and free what the rejected ones used
-        token_ids = list(token_ids)
-        for i, (seq, token) in enumerate(zip(seqs, token_ids)):
-            if token is None or seq.num_computed_tokens + seq.num_scheduled_tokens <= len(seq):
-                continue
-            kept, seq.spec_token_ids = seq.spec_token_ids, []
-            for draft in kept:
-                seq.token_ids.append(draft)
-                if finish_reason(seq, self.eos_token_ids):  # a kept draft ends the request: it is the last token
-                    token_ids[i] = seq.token_ids.pop()
-                    break
-            seq.num_scheduled_tokens = len(seq) - seq.num_computed_tokens
-            self.block_manager.free_tail(seq, len(seq) + 1)
-        return token_ids
-        # END EXERCISE
-
-    def postprocess(self, seqs: list[Sequence], token_ids: list[int | None]) -> list[Sequence]:
-        """Record a step that ran: `seqs` are the sequences it computed and `token_ids[i]` is the token sampled
-        for `seqs[i]` (an int), or None for a prefill chunk that did not reach the end of its prompt. Returns
-        the sequences that got a new token, in order.
-
-        For each sequence and its token, in order:
-        1. advance `seq.num_computed_tokens` by `seq.num_scheduled_tokens` (the keys and values of those
-           tokens are now in the cache), for every sequence, chunks included;
-        2. if the token is None, nothing more: the chunk keeps its blocks and stays where it is;
-        3. otherwise append the token to `seq.token_ids` (so it shows in `seq.completion_token_ids`) and add
-           seq to the returned list;
-        4. set `seq.finish_reason = finish_reason(seq, self.eos_token_ids)`: "stop" (an EOS token unless
-           sampling_params.ignore_eos, or one of stop_token_ids), "length" (max_tokens reached), or None.
-           If it is not None the sequence is done: status SequenceStatus.FINISHED, its blocks given back with
-           `self.block_manager.deallocate(seq)` (its block_table becomes []), and removed from
-           `self.running`. That free seat is what the next step refills.
-
-        Example, EOS id 0: three sequences scheduled together, prompts [1, 2], [3] with max_tokens=1, and
-        [5, 6, 7] cut to a 2-token chunk, with token_ids [0, 9, None]: the first finishes with "stop" and
-        completion_token_ids [0], block_table []; the second with "length" and [9]; the third gets no token,
-        has num_computed_tokens 2, finish_reason None, and is the only one left in running.
-        Returns the first two.
-        """
-        # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
-        # BEGIN EXERCISE 06.4: postprocess — append each sampled token, finish on EOS / stop token / max_tokens, free
+        # BEGIN EXERCISE 06.4: update_from_output — append each step's tokens, finish on EOS / stop token / max_tokens, free
         updated = []
-        for seq, token in zip(seqs, token_ids):
+        for seq, tokens in zip(output.scheduled, sampled):
             seq.num_computed_tokens += seq.num_scheduled_tokens
-            if token is None:  # a prefill chunk that did not reach the end of the prompt
+            if seq.spec_token_ids:
+                self.drop_rejected_drafts(seq, len(tokens) - 1)
+            if not tokens:  # a prefill chunk that did not reach the end of the prompt
                 continue
-            seq.token_ids.append(token)
             updated.append(seq)
-            seq.finish_reason = finish_reason(seq, self.eos_token_ids)
+            for token in tokens:
+                seq.token_ids.append(token)
+                seq.finish_reason = finish_reason(seq, self.eos_token_ids)
+                if seq.finish_reason:
+                    break
             if seq.finish_reason:
                 seq.status = SequenceStatus.FINISHED
                 self.block_manager.deallocate(seq)
                 self.running.remove(seq)
         return updated
+        # END EXERCISE
+
+    def drop_rejected_drafts(self, seq: Sequence, num_accepted: int) -> None:
+        """Roll back the drafts a verify step rejected (chapter 13): their keys and values are in the cache, but they
+        are not seq's tokens. The step ran seq over its newest token and its k drafts `seq.spec_token_ids`, and
+        `update_from_output` has advanced `seq.num_computed_tokens` past all k + 1; the sampler kept the first
+        `num_accepted` drafts (0 to k), which update_from_output appends next, with one token of the target's own.
+        1. uncount the rejected drafts: subtract k - num_accepted from `seq.num_computed_tokens` (their slots are
+           then free to be written again);
+        2. give back the blocks past what seq will hold once its new tokens are appended (its len(seq) tokens, the
+           kept drafts and the target's token; num_free_blocks grows by as many):
+           `self.block_manager.free_tail(seq, len(seq) + num_accepted + 1)`;
+        3. empty `seq.spec_token_ids`.
+
+        Example, blocks of 4: a sequence of 6 tokens verified 3 drafts (3 blocks, for 9 tokens); num_computed_tokens
+        was advanced from 5 to 9; 1 draft was kept. Then num_computed_tokens is 7 (the newest token and the kept
+        draft), the block_table 2 blocks (for the 8 tokens seq will hold), spec_token_ids [].
+        """
+        # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
+        # BEGIN EXERCISE 13.4: KV rollback — uncount the rejected drafts and free the blocks only they used
+        seq.num_computed_tokens -= len(seq.spec_token_ids) - num_accepted
+        self.block_manager.free_tail(seq, len(seq) + num_accepted + 1)
+        seq.spec_token_ids = []
         # END EXERCISE

@@ -30,8 +30,11 @@ class Sequence:
         self.num_computed_tokens = 0  # leading tokens whose keys/values are in the cache
         self.num_scheduled_tokens = 0  # tokens the current step computes
         self.block_table: list[int] = []
-        self.spec_token_ids: list[int] = []  # draft tokens the next step verifies (speculative decoding, chapter 13)
-        self.spec_probs: torch.Tensor | None = None  # [k, V]: the draft model's distributions they were drawn from
+        # speculative decoding (chapter 13): the tokens a proposer guessed after the newest one, and the draft
+        # model's distributions [k, V] they were drawn from (None for a lookup); then those the step verifies
+        self.draft_token_ids: list[int] = []
+        self.spec_probs: torch.Tensor | None = None
+        self.spec_token_ids: list[int] = []  # a prefix of draft_token_ids, set by the scheduler
         self.num_draft_tokens = self.num_accepted_tokens = 0  # drafts verified for this request, and kept
         self.sampling_params = sampling_params
         self.priority = priority
@@ -64,7 +67,32 @@ class Sequence:
         return self.status == SequenceStatus.FINISHED
 
     @property
+    def is_decoding(self) -> bool:
+        """Are all its tokens but the newest in the cache (the prompt computed), so that a step computes the newest
+        (and any drafts after it)? Otherwise it is part-way through its prompt."""
+        return self.num_computed_tokens == len(self.token_ids) - 1
+
+    @property
     def samples_this_step(self) -> bool:
         """Does the current step reach the end of the sequence (so its last logits give a new token)? A step
         that verifies drafts goes past it, over the drafts."""
         return self.num_computed_tokens + self.num_scheduled_tokens >= len(self.token_ids)
+
+    @property
+    def decodes_this_step(self) -> bool:
+        """Does the current step decode it: its newest token (and any drafts after it) over keys and values in the
+        cache, rather than a chunk of its prompt?"""
+        return self.num_scheduled_tokens == 1 or self.num_computed_tokens + self.num_scheduled_tokens > len(self)
+
+    def tokens_at(self, start: int, end: int) -> list[int]:
+        """Its tokens at positions start..end-1, the drafts the step verifies following its own tokens."""
+        n = len(self.token_ids)
+        return self.token_ids[start:end] + self.spec_token_ids[max(0, start - n) : max(0, end - n)]
+
+
+def finish_reason(seq: Sequence, eos_token_ids: set[int]) -> str | None:
+    """Why seq stops after its newest token: "stop" (EOS or a stop token), "length" (max_tokens), or None."""
+    sp, token = seq.sampling_params, seq.last_token
+    if (token in eos_token_ids and not sp.ignore_eos) or token in sp.stop_token_ids:
+        return "stop"
+    return "length" if seq.num_completion_tokens >= sp.max_tokens else None

@@ -6,7 +6,6 @@ decoding, the same distribution under sampling (Leviathan et al. 2023; Chen et a
 
 import torch
 
-from minillm.engine.sequence import Sequence
 from minillm.layers.sampler import SamplingMetadata, probabilities
 
 
@@ -79,22 +78,26 @@ def rejection_sample(
 
 
 class RejectionSampler:
-    """The sampler of a step that verifies drafts: each sequence that samples has 1 + len(spec_token_ids) rows of
-    logits, in order. It keeps each sequence's accepted drafts in its spec_token_ids (the rejected ones dropped)
-    and returns the one token of the target's own that follows them, one per sequence."""
+    """The sampler of a step that verifies drafts: sequence i has 1 + len(drafts[i]) rows of logits, in order, and
+    gets the drafts it keeps followed by one token of the target's own."""
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence], md: SamplingMetadata) -> list[int]:
-        """md: the sampling settings per row (each sequence's repeated over its rows)."""
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        drafts: list[list[int]],
+        draft_probs: list[torch.Tensor | None],
+        md: SamplingMetadata,
+    ) -> list[list[int]]:
+        """draft_probs[i]: the draft model's distributions of drafts[i] ([k, V]), None for looked-up drafts; md: the
+        sampling settings per row (each sequence's repeated over its rows)."""
         greedy_ids = logits.argmax(dim=-1).tolist()
         probs = None if md.all_greedy else probabilities(logits, md)
-        tokens, row = [], 0
-        for seq in seqs:
-            drafts, rows = seq.spec_token_ids, slice(row, row + 1 + len(seq.spec_token_ids))
-            if seq.sampling_params.temperature == 0:
-                kept = greedy_accept(greedy_ids[rows], drafts)
+        temperatures, out, row = md.temperatures.tolist(), [], 0
+        for ids, q in zip(drafts, draft_probs):
+            rows = slice(row, row + 1 + len(ids))
+            if temperatures[row] == 0:
+                out.append(greedy_accept(greedy_ids[rows], ids))
             else:
-                kept = rejection_sample(probs[rows], drafts, seq.spec_probs, seq.generator)
-            seq.spec_token_ids = kept[:-1]
-            tokens.append(kept[-1])
+                out.append(rejection_sample(probs[rows], ids, q, md.generators.get(row)))
             row = rows.stop
-        return tokens
+        return out

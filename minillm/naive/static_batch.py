@@ -12,7 +12,8 @@ import torch
 
 from minillm.engine.llm_engine import LLMEngine, record_token_times
 from minillm.engine.scheduler import Scheduler
-from minillm.engine.sequence import Sequence
+from minillm.engine.scheduler_output import SchedulerOutput
+from minillm.engine.sequence import Sequence, SequenceStatus
 from minillm.sampling_params import SamplingParams
 
 
@@ -55,21 +56,26 @@ class ReservedBlocks:
 
 @torch.inference_mode()
 def run_batch(engine: LLMEngine, seqs: list[Sequence]) -> None:
-    """Prefill the prompts as the engine's Scheduler does (in several steps when they exceed the token budget), then
-    decode every row, finished or not, until the last request is done; the Scheduler records every step."""
+    """Admit every row at once, prefill the prompts as the engine's Scheduler does (in chunks when they exceed the
+    token budget), then decode every row, finished or not, until the last request is done; the Scheduler records
+    every step."""
     scheduler = Scheduler(engine.config, ReservedBlocks(), engine.scheduler.eos_token_ids)
-    scheduler.waiting.extend(seqs)
-    while scheduler.waiting:
-        step = scheduler.schedule_prefill(scheduler.max_num_batched_tokens)
-        record_step(scheduler, step, engine.model_runner.run(step, True))
+    for seq in seqs:
+        seq.status = SequenceStatus.RUNNING
+    scheduler.running.extend(seqs)
+    while not all(seq.is_decoding for seq in seqs):
+        step = scheduler.schedule_chunks(scheduler.max_num_batched_tokens)
+        record_step(scheduler, step, engine.model_runner.run(SchedulerOutput([], step)))
     while scheduler.running:
         for seq in seqs:
             seq.num_scheduled_tokens = 1  # finished rows too: wasted work
-        record_step(scheduler, seqs, engine.model_runner.run(seqs, False))
+        record_step(scheduler, seqs, engine.model_runner.run(SchedulerOutput([], seqs)))
 
 
-def record_step(scheduler: Scheduler, seqs: list[Sequence], token_ids: list[int | None]) -> None:
-    """Scheduler.postprocess on the rows not finished before the step (a finished row's token is thrown away)."""
+def record_step(scheduler: Scheduler, seqs: list[Sequence], sampled: list[list[int]]) -> None:
+    """Scheduler.update_from_output on the rows not finished before the step (a finished row's token is thrown
+    away)."""
     now = time.perf_counter()
     rows = [i for i, seq in enumerate(seqs) if not seq.is_finished]
-    record_token_times(scheduler.postprocess([seqs[i] for i in rows], [token_ids[i] for i in rows]), now)
+    output = SchedulerOutput([], [seqs[i] for i in rows])
+    record_token_times(scheduler.update_from_output(output, [sampled[i] for i in rows]), now)

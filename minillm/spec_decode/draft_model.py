@@ -52,13 +52,13 @@ class DraftModelProposer:
         self.mirrors: dict[int, Sequence] = {}  # the target sequence's seq_id -> its mirror in the draft's cache
 
     def propose(self, seqs: list[Sequence]) -> None:
-        """Set each sequence's spec_token_ids (and spec_probs, the draft's distribution of each, when it samples):
+        """Set each sequence's draft_token_ids (and spec_probs, the draft's distribution of each, when it samples):
         up to k drafts, fewer where max_tokens leaves less room, none where the draft's cache is full."""
         for seq_id in set(self.mirrors) - {seq.seq_id for seq in seqs}:  # preempted: recomputed when it is back
             self.block_manager.deallocate(self.mirrors.pop(seq_id))
         batch = []
         for seq in seqs:
-            seq.spec_token_ids, seq.spec_probs = [], None
+            seq.draft_token_ids, seq.spec_probs = [], None
             k = min(self.k, seq.remaining_tokens - 1)
             if k > 0 and (mirror := self.sync(seq, k)) is not None:
                 batch.append((seq, mirror, k))
@@ -74,7 +74,7 @@ class DraftModelProposer:
                         m.num_computed_tokens += 1
                 drafts, probs = self.sample(logits, [seq for seq, _, _ in batch])
                 for (seq, mirror, _), token, q in zip(batch, drafts, probs):
-                    seq.spec_token_ids.append(token)
+                    seq.draft_token_ids.append(token)
                     if q is not None:
                         seq.spec_probs = q[None] if seq.spec_probs is None else torch.cat([seq.spec_probs, q[None]])
                     mirror.token_ids.append(token)

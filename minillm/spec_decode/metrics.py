@@ -1,10 +1,12 @@
 """What speculation gained: vLLM's SpecDecodingStats, counted over the steps that verified drafts."""
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from minillm.engine.sequence import Sequence
+if TYPE_CHECKING:
+    from minillm.engine.sequence import Sequence
 
 
 @dataclass
@@ -13,17 +15,16 @@ class SpecDecodingStats:
     num_draft_tokens: int = 0  # drafts checked
     num_accepted_tokens: int = 0  # drafts kept
 
-    def observe(self, seqs: list[Sequence]) -> None:
-        """Count a step's verified drafts, after the sampler kept a prefix of them in each spec_token_ids: the
-        engine's totals, and each request's own (num_draft_tokens, num_accepted_tokens)."""
-        for seq in seqs:
-            drafted = seq.num_computed_tokens + seq.num_scheduled_tokens - len(seq)
-            if drafted > 0 and seq.samples_this_step:
+    def observe(self, seqs: list["Sequence"], sampled: list[list[int]]) -> None:
+        """Count a step's verified drafts (each sequence's spec_token_ids, and the tokens the step gave it: the
+        drafts kept and one of the target's own): the engine's totals, and each request's own."""
+        for seq, tokens in zip(seqs, sampled):
+            if seq.spec_token_ids and tokens:
                 self.num_drafts += 1
-                self.num_draft_tokens += drafted
-                self.num_accepted_tokens += len(seq.spec_token_ids)
-                seq.num_draft_tokens += drafted
-                seq.num_accepted_tokens += len(seq.spec_token_ids)
+                self.num_draft_tokens += len(seq.spec_token_ids)
+                self.num_accepted_tokens += len(tokens) - 1
+                seq.num_draft_tokens += len(seq.spec_token_ids)
+                seq.num_accepted_tokens += len(tokens) - 1
 
     @property
     def acceptance_rate(self) -> float | None:

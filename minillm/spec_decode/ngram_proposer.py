@@ -43,11 +43,11 @@ class NgramProposer:
         self.k, self.n_max, self.n_min = num_speculative_tokens, prompt_lookup_max, prompt_lookup_min
 
     def propose(self, seqs: list[Sequence]) -> None:
-        """Set each sequence's spec_token_ids: at most k, and never more than its max_tokens leaves room for
+        """Set each sequence's draft_token_ids: at most k, and never more than its max_tokens leaves room for
         after the token the step samples anyway (the bonus token)."""
         for seq in seqs:
             k = min(self.k, seq.remaining_tokens - 1)
-            seq.spec_token_ids = ngram_propose(seq.token_ids, k, self.n_max, self.n_min) if k > 0 else []
+            seq.draft_token_ids = ngram_propose(seq.token_ids, k, self.n_max, self.n_min) if k > 0 else []
 
     def release(self, seqs: list[Sequence]) -> None:
         """Nothing to free: lookup keeps no state between steps (a draft model keeps a cache, DraftModelProposer)."""

@@ -1,15 +1,17 @@
 """Chapter 06 exercises: top-k/top-p truncation (06.1), prefill selection (06.2), preemption (06.3) and
-postprocessing (06.4).
+update_from_output (06.4).
 
 The scheduler pieces are checked on hand-made queues (no model needed; your method runs inside minillm's
-Scheduler, with the reference for the rest), then the engine runs with your code on a batch of prompts under a tiny token budget and a tiny KV cache, so that chunked prefill and
-preemption both happen: every request must still get exactly the tokens it gets alone.
+Scheduler, with the reference for the rest), then the engine runs with your code on a batch of prompts under a
+tiny token budget and a tiny KV cache, so that chunked prefill and preemption both happen: every request must
+still get exactly the tokens it gets alone.
 
     python -m minillm.course grade 06
 """
 
 import pytest
 import torch
+from scheduling import run_step  # tests/ is on sys.path
 
 from minillm import LLM, SamplingParams
 from minillm.config import Config
@@ -72,20 +74,14 @@ def scheduler(num_blocks=16, block_size=4, **config):
     )
 
 
-def step(s, token=7):
-    seqs, is_prefill = s.schedule()
-    s.postprocess(seqs, [token if seq.samples_this_step else None for seq in seqs])
-    return seqs, is_prefill
-
-
 @pytest.mark.exercise("06.2")
 def test_prefill_admits_under_the_sequence_budget(impl):
     with use_impl(impl, "06.2"):
         s = scheduler(max_num_seqs=2)
         for n in (10, 11, 12):
             s.add(Sequence(list(range(1, n + 1))))
-        seqs, is_prefill = s.schedule()
-        assert is_prefill and [len(x) for x in seqs] == [10, 11] and len(s.waiting) == 1
+        seqs = s.schedule_prefill(100)
+        assert [len(x) for x in seqs] == [10, 11] and len(s.waiting) == 1
         assert all(x.status == SequenceStatus.RUNNING and x.block_table for x in seqs)
 
 
@@ -97,8 +93,9 @@ def test_prefill_chunks_a_prompt_longer_than_the_token_budget(impl):
         s.add(seq)
         chunks = []
         while not seq.completion_token_ids:
-            step(s)
+            run_step(s)
             chunks.append(seq.num_scheduled_tokens)
+            assert seq.status == SequenceStatus.RUNNING, "admitted with its first chunk, it runs from then on"
         assert chunks == [8, 8, 4]
 
 
@@ -112,9 +109,10 @@ def test_prefill_takes_what_the_decode_tokens_left_and_caps_a_chunk(impl):
         assert seqs == [a, b] and [x.num_scheduled_tokens for x in seqs] == [5, 4], (
             "schedule_prefill(budget) spends `budget`, not max_num_batched_tokens"
         )
-        assert list(s.running) == [a] and s.waiting[0] is b
-        b.num_computed_tokens += b.num_scheduled_tokens
-        assert s.schedule_prefill(50) == [b] and b.num_scheduled_tokens == 8, (
+        assert list(s.running) == [a, b] and not s.waiting, "b runs with its first chunk: it holds blocks"
+        c = Sequence(list(range(1, 21)))
+        s.add(c)
+        assert s.schedule_prefill(50) == [c] and c.num_scheduled_tokens == 8, (
             "a prompt's chunk is at most long_prefill_token_threshold tokens (when it is above 0)"
         )
         assert s.schedule_prefill(0) == [], "no budget left: nothing is scheduled"
@@ -126,8 +124,8 @@ def test_prefill_waits_when_the_cache_is_full(impl):
         s = scheduler(num_blocks=3, block_size=4)
         first, second = Sequence(list(range(1, 9))), Sequence(list(range(20, 28)))
         s.add(first), s.add(second)
-        seqs, _ = s.schedule()
-        assert seqs == [first] and s.waiting[0] is second and not second.block_table
+        output = s.schedule()
+        assert output.scheduled == [first] and s.waiting[0] is second and not second.block_table
 
 
 @pytest.mark.exercise("06.3")
@@ -136,26 +134,38 @@ def test_preemption_frees_the_lowest_priority_sequence(impl):
         s = scheduler(num_blocks=3, block_size=2, scheduling_policy="priority")
         low, high = Sequence([1, 2], priority=0), Sequence([3, 4], priority=5)
         s.add(low), s.add(high)
-        step(s)
-        step(s)
+        run_step(s)
+        run_step(s)
         assert low.status == SequenceStatus.WAITING and not low.block_table and s.waiting[0] is low
         assert high.status == SequenceStatus.RUNNING and len(high.block_table) == 2
 
 
 @pytest.mark.exercise("06.4")
-def test_postprocess_appends_finishes_and_frees(impl):
+def test_update_from_output_appends_finishes_and_frees(impl):
     with use_impl(impl, "06.4"):
         s = scheduler()
         eos, capped, chunked = Sequence([1, 2]), Sequence([3], SamplingParams(max_tokens=1)), Sequence([5, 6, 7])
         for seq in (eos, capped, chunked):
             s.add(seq)
-        seqs, _ = s.schedule()
+        output = s.schedule()
         chunked.num_scheduled_tokens = 2  # pretend its prefill was cut short: no token is sampled for it
-        s.postprocess(seqs, [0, 9, None])
+        assert s.update_from_output(output, [[0], [9], []]) == [eos, capped]
         assert (eos.finish_reason, eos.completion_token_ids, eos.block_table) == ("stop", [0], [])
         assert (capped.finish_reason, capped.completion_token_ids) == ("length", [9])
         assert chunked.finish_reason is None and chunked.num_computed_tokens == 2 and len(chunked) == 3
         assert list(s.running) == [chunked]
+
+
+@pytest.mark.exercise("06.4")
+def test_update_from_output_stops_at_the_token_that_finishes(impl):
+    with use_impl(impl, "06.4"):
+        s = scheduler()
+        two, stopped = Sequence([1, 2], SamplingParams(max_tokens=2)), Sequence([3], SamplingParams(stop_token_ids=[8]))
+        s.add(two), s.add(stopped)
+        s.update_from_output(s.schedule(), [[4, 5, 6], [7, 8, 9]])  # several tokens: as a verify step gives them
+        assert (two.completion_token_ids, two.finish_reason) == ([4, 5], "length"), "max_tokens reached at 5"
+        assert (stopped.completion_token_ids, stopped.finish_reason) == ([7, 8], "stop"), "8 is a stop token"
+        assert not (two.block_table or stopped.block_table or s.running)
 
 
 @pytest.fixture(scope="module")

@@ -110,50 +110,50 @@ def scheduler(num_blocks=16, block_size=4):
     return Scheduler(Config(new_token_ratio=0.0), BlockManager(num_blocks, block_size), eos_token_ids=[0])
 
 
-def verified(s, prompt, drafts, kept):
-    """A running sequence of `prompt` with one sampled token, after a step that verified `drafts` and kept `kept`."""
+def verifying(s, prompt, drafts):
+    """A running sequence of `prompt` with one sampled token, and the plan of a step that verifies `drafts`."""
     seq = Sequence(prompt)
     s.add(seq)
-    seqs, _ = s.schedule()
-    s.postprocess(seqs, [5])
-    seq.spec_token_ids = list(drafts)
-    seqs, _ = s.schedule()
-    assert seq.num_scheduled_tokens == 1 + len(drafts)
-    seq.spec_token_ids = list(kept)  # what the sampler leaves
-    return seq
+    s.update_from_output(s.schedule(), [[5]])
+    seq.draft_token_ids = list(drafts)
+    output = s.schedule()
+    assert seq.num_scheduled_tokens == 1 + len(drafts) and seq.spec_token_ids == list(drafts)
+    return seq, output
 
 
 @pytest.mark.exercise("13.4")
-def test_rollback_keeps_the_accepted_drafts_and_frees_the_rest(impl):
+def test_rollback_uncounts_the_rejected_drafts_and_frees_their_blocks(impl):
     with use_impl(impl, "13.4"):
         s = scheduler()
-        seq = verified(s, [1, 2, 3, 4, 5], [40, 50, 60], kept=[40])
-        assert len(seq.block_table) == 3
-        assert s.accept_drafts([seq], [41]) == [41]
-        num_scheduled, blocks = seq.num_scheduled_tokens, len(seq.block_table)
-        assert seq.token_ids == [1, 2, 3, 4, 5, 5, 40] and seq.spec_token_ids == []
-        assert num_scheduled == 2, "the newest token and the kept draft are computed; the rejected ones are not"
-        assert blocks == 2, "blocks for the 8 tokens after postprocess; the third held only rejected drafts"
-        free = s.block_manager.num_free_blocks
-        assert free == 14
-        s.postprocess([seq], [41])
-        assert seq.num_computed_tokens == 7 and len(seq) == 8
+        seq, _ = verifying(s, [1, 2, 3, 4, 5], [40, 50, 60])
+        assert len(seq.block_table) == 3 and seq.num_computed_tokens == 5
+        seq.num_computed_tokens += seq.num_scheduled_tokens  # what update_from_output does first
+        s.drop_rejected_drafts(seq, 1)
+        assert seq.num_computed_tokens == 7, "the newest token and the kept draft are computed; the rejected are not"
+        assert len(seq.block_table) == 2, "blocks for the 8 tokens seq will hold; the third held only rejected drafts"
+        assert seq.spec_token_ids == [] and s.block_manager.num_free_blocks == 14
+        assert seq.token_ids == [1, 2, 3, 4, 5, 5], "the kept draft is appended by update_from_output, not here"
 
 
 @pytest.mark.exercise("13.4")
-def test_a_kept_draft_that_ends_the_request_is_its_last_token(impl):
+def test_a_verify_step_keeps_the_accepted_drafts_and_the_targets_token(impl):
     with use_impl(impl, "13.4"):
         s = scheduler()
-        seq = verified(s, [1, 2, 3, 4, 5], [40, 0, 60], kept=[40, 0])
-        out = s.accept_drafts([seq], [61])
-        tokens, num_scheduled = seq.token_ids, seq.num_scheduled_tokens
-        assert out == [0], "EOS (id 0) among the kept drafts ends it: EOS is the token, what follows is dropped"
-        assert tokens == [1, 2, 3, 4, 5, 5, 40] and num_scheduled == 2
-        plain = Sequence([7, 8])
-        s.add(plain)
-        seqs, _ = s.schedule()
-        assert s.accept_drafts([plain], [9]) == [9] and plain.num_scheduled_tokens == 2, (
-            "a sequence that verified no drafts (a prompt) is left as it is"
+        seq, output = verifying(s, [1, 2, 3, 4, 5], [40, 50, 60])
+        assert s.update_from_output(output, [[40, 41]]) == [seq]
+        assert seq.token_ids == [1, 2, 3, 4, 5, 5, 40, 41] and seq.num_computed_tokens == 7
+        assert len(seq.block_table) == 2 and seq.spec_token_ids == []
+        s = scheduler()
+        seq, output = verifying(s, [1, 2, 3, 4, 6], [40, 0, 60])
+        s.update_from_output(output, [[40, 0, 61]])
+        assert seq.token_ids == [1, 2, 3, 4, 6, 5, 40, 0] and not seq.block_table, (
+            "EOS (id 0) among the kept drafts ends the request: what follows is dropped"
+        )
+        s = scheduler()
+        seq, output = verifying(s, [9, 9, 9, 9, 9, 9, 9, 9], [1, 2, 3])
+        s.update_from_output(output, [[7]])
+        assert seq.num_computed_tokens == 9 and len(seq.block_table) == 3, (
+            "all drafts rejected: only the newest token is computed, blocks for its 10 tokens stay"
         )
 
 

@@ -1,10 +1,13 @@
 """The OpenAI-compatible server on a real loopback socket, driven by the official openai client and by httpx:
 the text and tokens LLM.generate and LLM.chat give, streamed or whole; stop strings; 400s that name the field;
-429 on a full queue; 500 on a failed step, then service as before; a client that leaves frees its blocks;
-vLLM's metric names; `python -m minillm.serve` stopped by SIGINT or SIGTERM."""
+413 for a body over the limit, before it is read; a prompt too long refused before it is tokenized; 401 without
+the API key; 429 on a full queue; 500 on a failed step, then service as before; 503 from /health once the engine
+stops; a client that leaves frees its blocks; vLLM's metric names; `python -m minillm.serve` stopped by SIGINT or
+SIGTERM."""
 
 import asyncio
 import json
+import math
 import shutil
 import signal
 import socket
@@ -17,12 +20,14 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from fastapi import Request
 from prometheus_client.parser import text_string_to_metric_families
 from test_async_llm import straddling_stop  # tests/ is on sys.path
 
 from minillm import LLM, SamplingParams, default_model_path
 from minillm.engine.async_llm import AsyncLLM
-from minillm.entrypoints.openai.api_server import build_app, listen, url
+from minillm.entrypoints.openai.api_server import build_app, exposure_warning, listen, url
+from minillm.entrypoints.openai.serving import with_cancellation
 
 PROMPT = "Once upon a time"
 MESSAGES = [{"role": "user", "content": "Tell me about a fox."}]
@@ -34,13 +39,13 @@ BLOCKS = 64
 
 
 class Server:
-    """The app in uvicorn on a thread of this process, listening on a free loopback port."""
+    """The app in uvicorn on a thread of this process, listening on a free loopback port; `options`: build_app's."""
 
-    def __init__(self, async_llm: AsyncLLM, model_name: str):
+    def __init__(self, async_llm: AsyncLLM, model_name: str, **options):
         self.async_llm = async_llm
         self.sock = listen("127.0.0.1", 0)
         self.url = url(self.sock)
-        config = uvicorn.Config(build_app(async_llm, model_name), lifespan="off", log_level="warning")
+        config = uvicorn.Config(build_app(async_llm, model_name, **options), lifespan="off", log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
         self.thread.start()  # the socket listens already: requests wait in its backlog until uvicorn takes them
@@ -77,8 +82,10 @@ def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
-def post(server, path, body, **kwargs):
-    return httpx.post(server.url + path, json=body, timeout=60, **kwargs)
+def post(server, path, body, headers=None, **kwargs):
+    """POST body as JSON, as Python's json writes it: Infinity and NaN included (httpx's json= refuses those)."""
+    headers = {"content-type": "application/json"} | (headers or {})
+    return httpx.post(server.url + path, content=json.dumps(body), headers=headers, timeout=60, **kwargs)
 
 
 def metrics(server) -> dict[str, float]:
@@ -173,25 +180,51 @@ def test_stop_strings_are_cut_from_the_text(server, reference, llm):
 
 
 LONG_PROMPT = "Once upon a time " * 200  # about 800 tokens: more than the model's 512 positions
+# more characters than 512 tokens can spell (the longest token of the story model's vocabulary has 11)
+TOO_MANY_CHARS = "a" * (512 * 11 + 1)
+C, CHAT = "/v1/completions", "/v1/chat/completions"
+GT_EQ = "Input should be greater than or equal to"
 
 
 @pytest.mark.parametrize(
     "path, body, param, message",
     [
-        ("/v1/completions", {"prompt": PROMPT, "temperature": -1}, "temperature", "temperature must be a finite"),
-        ("/v1/completions", {"prompt": PROMPT, "temperature": "hot"}, "temperature", "valid number"),
-        ("/v1/completions", {"prompt": ""}, "prompt", "the prompt is empty"),
-        ("/v1/completions", {"prompt": LONG_PROMPT, "max_tokens": 8}, "prompt", "exceeds max_model_len=512"),
-        ("/v1/completions", {"prompt": [1, 99999]}, "prompt", "unknown token ids [99999]"),
-        ("/v1/completions", {"prompt": PROMPT, "n": 2}, "n", "n must be 1"),
-        ("/v1/completions", {"prompt": PROMPT, "top_p": 0}, "top_p", "top_p must be in (0, 1]"),
-        ("/v1/completions", {"prompt": PROMPT, "max_tokens": 0}, "max_tokens", "max_tokens must be an integer >= 1"),
-        ("/v1/completions", {"prompt": PROMPT, "stop": [""]}, "stop", "at least 1 character"),
-        ("/v1/completions", {"prompt": PROMPT, "logit_bias": {"1": 5}}, "logit_bias", "Extra inputs are not"),
-        ("/v1/completions", {"max_tokens": 8}, "prompt", "Field required"),
-        ("/v1/chat/completions", {"messages": []}, "messages", "the conversation is empty"),
-        ("/v1/chat/completions", {"messages": MESSAGES, "max_completion_tokens": 0}, "max_completion_tokens", ">= 1"),
-        ("/detokenize", {"tokens": [5, -1]}, "tokens", "unknown token ids [-1]"),
+        (C, {"prompt": PROMPT, "temperature": -1}, "temperature", f"temperature: {GT_EQ} 0, got -1"),
+        (C, {"prompt": PROMPT, "temperature": "hot"}, "temperature", "valid number"),
+        (C, {"prompt": PROMPT, "temperature": math.inf}, "temperature", "finite number, got inf"),
+        (C, {"prompt": ""}, "prompt", "prompt: String should have at least 1 character, got ''"),
+        (C, {"prompt": []}, "prompt", "prompt: List should have at least 1 item"),
+        (C, {"prompt": LONG_PROMPT, "max_tokens": 8}, "prompt", "exceeds max_model_len=512"),
+        (C, {"prompt": TOO_MANY_CHARS}, "prompt", "the prompt has 5633 characters, more than the 5632"),
+        (C, {"prompt": [1, 99999]}, "prompt", "unknown token ids [99999]"),
+        (C, {"prompt": [1, -5]}, "prompt", f"prompt.1: {GT_EQ} 0, got -5"),
+        (C, {"prompt": PROMPT, "n": 2}, "n", "n: Input should be less than or equal to 1, got 2"),
+        (C, {"prompt": PROMPT, "top_p": 0}, "top_p", "top_p: Input should be greater than 0"),
+        (C, {"prompt": PROMPT, "top_p": 1.5}, "top_p", "less than or equal to 1, got 1.5"),
+        (C, {"prompt": PROMPT, "top_k": -2}, "top_k", f"top_k: {GT_EQ} -1, got -2"),
+        (C, {"prompt": PROMPT, "top_k": 1281}, "top_k", "top_k must be at most the vocabulary size (1280"),
+        (C, {"prompt": PROMPT, "top_k": 2.5}, "top_k", "valid integer"),
+        (C, {"prompt": PROMPT, "seed": 2**63}, "seed", "less than or equal to 9223372036854775807"),
+        (C, {"prompt": PROMPT, "seed": -(2**63) - 1}, "seed", f"{GT_EQ} -9223372036854775808"),
+        (C, {"prompt": PROMPT, "seed": "7"}, "seed", "valid integer, got '7'"),
+        (C, {"prompt": PROMPT, "max_tokens": 0}, "max_tokens", f"max_tokens: {GT_EQ} 1, got 0"),
+        (C, {"prompt": PROMPT, "max_tokens": True}, "max_tokens", "valid integer, got True"),
+        (C, {"prompt": PROMPT, "stop": [""]}, "stop", "at least 1 character"),
+        (C, {"prompt": PROMPT, "stop": ["x"] * 65}, "stop", "at most 64 items"),
+        (C, {"prompt": PROMPT, "stop": "x" * 257}, "stop", "at most 256 characters"),
+        (C, {"prompt": PROMPT, "stop_token_ids": [-1]}, "stop_token_ids", f"stop_token_ids.0: {GT_EQ} 0"),
+        (C, {"prompt": PROMPT, "stop_token_ids": [2] * 1025}, "stop_token_ids", "at most 1024 items"),
+        (C, {"prompt": PROMPT, "stream_options": {"include_usage": "yes"}}, "stream_options", "valid boolean"),
+        (C, {"prompt": PROMPT, "logit_bias": {"1": 5}}, "logit_bias", "Extra inputs are not"),
+        (C, {"max_tokens": 8}, "prompt", "Field required"),
+        (CHAT, {"messages": []}, "messages", "messages: List should have at least 1 item"),
+        (CHAT, {"messages": [{"role": "user", "content": TOO_MANY_CHARS}]}, "messages", "5633 characters"),
+        (CHAT, {"messages": [{"role": "user", "content": [{"type": "image"}]}]}, "messages", "'text', got 'image'"),
+        (CHAT, {"messages": MESSAGES, "max_completion_tokens": 0}, "max_completion_tokens", f"{GT_EQ} 1"),
+        ("/tokenize", {}, "prompt", "give either a prompt (text) or messages"),
+        ("/tokenize", {"prompt": "a", "messages": MESSAGES}, "prompt", "not both"),
+        ("/detokenize", {"tokens": [5, -1]}, "tokens", f"tokens.1: {GT_EQ} 0, got -1"),
+        ("/detokenize", {"tokens": [5, 1280]}, "tokens", "unknown token ids [1280]"),
     ],
 )
 def test_bad_requests_answer_400_naming_the_field(server, path, body, param, message):
@@ -203,13 +236,127 @@ def test_bad_requests_answer_400_naming_the_field(server, path, body, param, mes
     assert message in error["message"]
 
 
-def test_malformed_json_and_unknown_models_are_refused(server):
+def test_malformed_json_unknown_models_routes_and_methods_are_refused_in_openais_shape(server):
     response = httpx.post(
         server.url + "/v1/completions", content=b"{nope", headers={"content-type": "application/json"}
     )
-    assert response.status_code == 400 and "JSON" in response.json()["error"]["message"]
+    assert response.status_code == 400 and "not valid JSON" in response.json()["error"]["message"]
+    response = httpx.post(server.url + "/v1/completions", content=json.dumps({"prompt": PROMPT}))  # no content type
+    assert response.status_code == 400 and "Content-Type: application/json" in response.json()["error"]["message"]
     response = post(server, "/v1/completions", {"model": "gpt-4", "prompt": PROMPT})
     assert response.status_code == 404 and response.json()["error"]["param"] == "model"
+    response = httpx.get(server.url + "/v1/nothing")
+    assert response.status_code == 404 and response.json()["error"]["type"] == "NotFoundError"
+    response = httpx.put(server.url + "/v1/completions")
+    assert response.status_code == 405 and response.headers["allow"] == "POST"
+    assert response.json()["error"]["message"] == "PUT /v1/completions: the route takes POST only"
+
+
+def test_a_tiny_temperature_is_sampled_at_vllms_minimum_and_seeds_span_int64(server):
+    """A temperature in (0, 0.01) is raised to 0.01 (dividing logits by less overflows): with the same seed, the same
+    draws as at 0.01. The extreme int64 seeds are served."""
+    for seed in (-(2**63), 2**63 - 1):
+        texts = [
+            post(
+                server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 24, "temperature": t, "seed": seed}
+            ).json()["choices"][0]["text"]
+            for t in (1e-7, 0.01)
+        ]
+        assert texts[0] == texts[1]
+
+
+def test_a_body_over_the_limit_gets_413_before_it_is_read(server):
+    """Declared too large (Content-Length), or sent in chunks that pass the limit: 413 in OpenAI's shape."""
+    body = json.dumps({"prompt": "a" * (1 << 20)}).encode()
+    response = httpx.post(server.url + "/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 413
+    error = response.json()["error"]
+    assert error["type"] == "RequestTooLargeError" and f"has {len(body)} bytes" in error["message"]
+    assert (
+        "limit of 1048576: send a shorter prompt, or start the server with a larger --max-request-body-bytes"
+        in (error["message"])
+    )
+    chunks = (body[i : i + 65536] for i in range(0, len(body), 65536))  # no Content-Length: chunked encoding
+    response = httpx.post(server.url + "/v1/completions", content=chunks, headers={"content-type": "application/json"})
+    assert response.status_code == 413 and "at least" in response.json()["error"]["message"]
+    assert post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2}).status_code == 200
+
+
+def test_a_10_mb_prompt_is_refused_by_its_length_without_tokenizing(llm, monkeypatch):
+    """With the body limit raised past it, a 10 MB prompt still costs no tokenizing: more characters than
+    max_model_len tokens can spell is a 400 at once."""
+    monkeypatch.setattr(llm.tokenizer, "encode", lambda *a, **k: pytest.fail("the prompt was tokenized"))
+    server = Server(AsyncLLM(llm), "story", max_request_body_bytes=16 << 20)
+    try:
+        for path, body in (
+            ("/v1/completions", {"prompt": "a" * 10_000_000}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a" * 10_000_000}]}),
+        ):
+            response = post(server, path, body)
+            assert response.status_code == 400, response.text
+            assert "the prompt has 10000000 characters, more than the 5632" in response.json()["error"]["message"]
+    finally:
+        server.stop()
+
+
+def test_an_api_key_guards_every_route_but_health_metrics_and_the_docs(llm):
+    server = Server(AsyncLLM(llm), "story", api_key="sesame")
+    try:
+        for path in ("/v1/models", "/v1/nothing"):
+            response = httpx.get(server.url + path)
+            assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+            assert response.json()["error"]["type"] == "AuthenticationError"
+        for headers in ({"Authorization": "Bearer open"}, {"Authorization": "Basic sesame"}):
+            assert httpx.get(server.url + "/v1/models", headers=headers).status_code == 401
+        assert post(server, "/tokenize", {"prompt": PROMPT}).status_code == 401
+        key = {"Authorization": "Bearer sesame"}
+        assert httpx.get(server.url + "/v1/models", headers=key).json()["data"][0]["id"] == "story"
+        assert post(server, "/tokenize", {"prompt": PROMPT}, headers=key).status_code == 200
+        for path in ("/health", "/metrics", "/openapi.json", "/docs"):
+            assert httpx.get(server.url + path).status_code == 200, path
+        schema = httpx.get(server.url + "/openapi.json").json()
+        assert schema["components"]["securitySchemes"] == {"APIKey": {"type": "http", "scheme": "bearer"}}
+        assert schema["paths"]["/v1/completions"]["post"]["security"] == [{"APIKey": []}]
+        assert "security" not in schema["paths"]["/health"]["get"]
+    finally:
+        server.stop()
+
+
+def test_health_answers_503_once_the_engine_has_stopped(llm):
+    server = Server(AsyncLLM(llm), "story")
+    try:
+        assert httpx.get(server.url + "/health").status_code == 200
+        server.async_llm.close()
+        response = httpx.get(server.url + "/health")
+        assert response.status_code == 503
+        assert response.json()["error"]["message"] == "the engine is not serving: AsyncLLM was closed"
+    finally:
+        server.stop()
+
+
+def test_with_cancellation_answers_499_once_the_handler_has_stopped():
+    """A client that leaves before its whole answer: the handler is cancelled, its cleanup (the request's abort)
+    has run when the wrapper returns, and the answer is a 499 rather than an InvalidStateError."""
+    cleaned = []
+
+    async def handler(request, raw_request):
+        try:
+            await asyncio.sleep(60)
+        finally:
+            cleaned.append("aborted")
+
+    async def receive():
+        return {"type": "http.disconnect"}
+
+    raw_request = Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive)
+    response = asyncio.run(with_cancellation(handler)(None, raw_request))
+    assert response.status_code == 499 and cleaned == ["aborted"]
+
+
+def test_a_server_reachable_from_other_machines_without_a_key_is_warned_about():
+    assert exposure_warning("127.0.0.1", None) is exposure_warning("::1", None) is None
+    assert exposure_warning("0.0.0.0", "sesame") is None
+    assert "0.0.0.0 is reachable from other machines and no API key is set" in exposure_warning("0.0.0.0", None)
 
 
 @pytest.fixture
@@ -354,6 +501,18 @@ def test_serve_takes_vllms_engine_flags():
     args = parse_args(["--max-num-seqs", "8", "--max-model-len", "256", "--kv-cache-memory-bytes", "1048576"])
     assert engine_options(args) == dict(max_num_seqs=8, max_model_len=256, kvcache_memory_bytes=1048576)
     assert engine_options(parse_args([])) == {}
+
+
+def test_serve_takes_an_api_key_from_its_flag_or_the_environment_and_a_body_limit(monkeypatch):
+    from minillm.entrypoints.openai.api_server import parse_args
+
+    monkeypatch.delenv("MINILLM_API_KEY", raising=False)
+    assert (parse_args([]).api_key, parse_args([]).max_request_body_bytes) == (None, 1 << 20)
+    assert parse_args(["--api-key", "k", "--max-request-body-bytes", "10"]).max_request_body_bytes == 10
+    monkeypatch.setenv("MINILLM_API_KEY", "from-env")
+    assert parse_args([]).api_key == "from-env" and parse_args(["--api-key", "flag"]).api_key == "flag"
+    with pytest.raises(SystemExit):
+        parse_args(["--max-request-body-bytes", "0"])
 
 
 def test_a_speculating_server_streams_several_tokens_a_step_and_counts_its_drafts(llm, reference):

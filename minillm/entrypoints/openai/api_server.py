@@ -2,11 +2,14 @@
 
 Routes: /v1/completions, /v1/chat/completions (streamed as server-sent events with "stream": true),
 /v1/models, /tokenize, /detokenize, /health and /metrics (Prometheus, vLLM's metric names). It listens on
-127.0.0.1 (this machine only) unless --host says otherwise; Ctrl-C or SIGTERM stops it cleanly.
+127.0.0.1 (this machine only) unless --host says otherwise; Ctrl-C or SIGTERM stops it cleanly. Every refusal is
+in OpenAI's error shape, and /openapi.json documents each route's, with the bounds of every field.
 """
 
 import argparse
+import ipaddress
 import json
+import os
 import signal
 import socket
 import sys
@@ -15,11 +18,14 @@ from functools import partial
 import jinja2
 import uvicorn
 from fastapi import FastAPI, Request, Response
-from fastapi.exceptions import RequestValidationError
+from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from minillm.engine.async_llm import AsyncLLM, EngineError
+from minillm.engine.async_llm import AsyncLLM
+from minillm.entrypoints.openai.errors import add_exception_handlers
 from minillm.entrypoints.openai.metrics import PrometheusStatLogger
+from minillm.entrypoints.openai.middleware import AuthenticationMiddleware, RequestBodyLimitMiddleware
+from minillm.entrypoints.openai.openapi import openapi_schema
 from minillm.entrypoints.openai.protocol import (
     ChatCompletionChoice,
     ChatCompletionMessage,
@@ -42,7 +48,9 @@ from minillm.entrypoints.openai.protocol import (
 from minillm.entrypoints.openai.serving import (
     APIError,
     add_request,
+    check_prompt_length,
     collect,
+    error_responses,
     stop_strings,
     streaming_response,
     to_json,
@@ -59,71 +67,106 @@ ENGINE_FLAGS = {
     "max_num_batched_tokens": "max_num_batched_tokens",
     "kv_cache_memory_bytes": "kvcache_memory_bytes",
 }
+# an event of a streamed answer, as OpenAPI 3.2's itemSchema describes one (FastAPI's own streams use it too)
+SSE_EVENT = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string", "description": "a chunk's JSON, an error's JSON, or [DONE] last"}},
+}
+MAX_REQUEST_BODY_BYTES = 1 << 20  # 1 MiB: some 250k tokens of text, more than any context minillm serves holds
 
 
-def build_app(async_llm: AsyncLLM, model_name: str = "default") -> FastAPI:
+def build_app(
+    async_llm: AsyncLLM,
+    model_name: str = "default",
+    api_key: str | None = None,
+    max_request_body_bytes: int = MAX_REQUEST_BODY_BYTES,
+) -> FastAPI:
     """The app over async_llm, whose engine is an LLM: its tokenizer, chat template and default sampling
     parameters serve the requests. Requests naming another model get 404. /metrics reads a registry of this
-    app's own."""
+    app's own. With api_key, every route but /health, /metrics and the API's docs needs it (401)."""
     llm: LLM = async_llm.engine
     if llm.tokenizer is None:
         raise ValueError("the server needs the model's tokenizer (the engine has skip_tokenizer_init=True)")
     metrics = PrometheusStatLogger(model_name)
     async_llm.stat_loggers.append(metrics)
     defaults = llm.get_default_sampling_params()
+    max_model_len = llm.config.max_model_len
+    # no token spells more characters than the longest piece of the vocabulary has (a byte-level piece has one
+    # character a byte, SentencePiece's "▁" is the space it spells), assuming no normalizer that deletes text
+    max_prompt_chars = max_model_len * max(map(len, llm.tokenizer.hf.get_vocab()))
     app = FastAPI(title="minillm", description=__doc__)
-    app.add_exception_handler(APIError, api_error)
-    app.add_exception_handler(EngineError, api_error)
-    app.add_exception_handler(RequestValidationError, validation_error)
+    if api_key:
+        app.add_middleware(AuthenticationMiddleware, api_key=api_key)
+    app.add_middleware(RequestBodyLimitMiddleware, max_bytes=max_request_body_bytes)  # the outermost: added last
+    add_exception_handlers(app)
+    app.openapi = partial(openapi_schema, app, api_key is not None)
+    auth = (401,) if api_key else ()
+    generate = dict(
+        responses={
+            200: {
+                "description": "the answer: whole (JSON), or with stream: true as server-sent events, `data: <json>`"
+                " then `data: [DONE]`",
+                "content": {"application/json": {}, "text/event-stream": {"itemSchema": SSE_EVENT}},
+            }
+        }
+        | error_responses(400, *auth, 404, 413, 429, 500),
+    )
 
     def check_model(name: str | None) -> None:
         if name is not None and name != model_name:
             raise APIError(404, f"the model {name!r} does not exist: this server serves {model_name!r}", "model")
 
     def encode_chat(messages: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+        # a chat template adds text around the turns: the turns alone must fit already
+        check_prompt_length(sum(len(m.text) for m in messages), max_prompt_chars, max_model_len, "messages")
         try:
             return llm.encode_chat([m.as_dict() for m in messages], add_generation_prompt=add_generation_prompt)[0]
         except (ValueError, jinja2.TemplateError) as e:
             raise APIError(400, str(e), "messages") from None
 
-    @app.get("/health")
+    @app.get("/health", response_class=Response, responses=error_responses(503))
     async def health():
+        """200 (no body, as vLLM's) while the engine serves; 503 once it has stopped."""
         if not async_llm.is_alive():
             raise APIError(503, f"the engine is not serving: {async_llm.error}")
         return Response(status_code=200)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus_metrics():
+        """The engine's statistics in Prometheus' text format, under vLLM's metric names."""
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=error_responses(*auth))
     async def models() -> ModelList:
-        card = ModelCard(id=model_name, root=str(llm.model_path), max_model_len=llm.config.max_model_len)
+        card = ModelCard(id=model_name, root=str(llm.model_path), max_model_len=max_model_len)
         return ModelList(data=[card])
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", responses=error_responses(400, *auth, 404, 413))
     async def tokenize(request: TokenizeRequest) -> TokenizeResponse:
         check_model(request.model)
         if (request.prompt is None) == (request.messages is None):
-            raise APIError(400, "give either a prompt (text) or messages (a conversation)", "prompt")
+            raise APIError(400, "give either a prompt (text) or messages (a conversation), not both", "prompt")
         if request.messages is not None:
             tokens = encode_chat(request.messages, request.add_generation_prompt)
         else:
             tokens = llm.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
-        return TokenizeResponse(count=len(tokens), max_model_len=llm.config.max_model_len, tokens=tokens)
+        return TokenizeResponse(count=len(tokens), max_model_len=max_model_len, tokens=tokens)
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", responses=error_responses(400, *auth, 404, 413))
     async def detokenize(request: DetokenizeRequest) -> DetokenizeResponse:
         check_model(request.model)
-        if bad := [t for t in request.tokens if not 0 <= t < llm.vocab_size]:
+        if bad := [t for t in request.tokens if t >= llm.vocab_size]:
             raise APIError(400, f"unknown token ids {bad[:5]}: ids must be in [0, {llm.vocab_size})", "tokens")
         return DetokenizeResponse(prompt=llm.tokenizer.decode(request.tokens))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", response_model=CompletionResponse, **generate)
     @with_cancellation
     async def completions(request: CompletionRequest, raw_request: Request):
         check_model(request.model)
-        params = to_sampling_params(request, defaults)
+        params = to_sampling_params(request, defaults, llm.vocab_size)
+        if isinstance(request.prompt, str):
+            check_prompt_length(len(request.prompt), max_prompt_chars, max_model_len, "prompt")
         stream = await add_request(async_llm, request.prompt, params, stop_strings(request), "prompt")
         if request.stream:
             return streaming_response(stream, partial(completion_chunk, random_id("cmpl"), model_name), request)
@@ -136,11 +179,11 @@ def build_app(async_llm: AsyncLLM, model_name: str = "default") -> FastAPI:
         )
         return Response(to_json(response, request.return_token_ids), media_type="application/json")
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, **generate)
     @with_cancellation
     async def chat_completions(request: ChatCompletionRequest, raw_request: Request):
         check_model(request.model)
-        params = to_sampling_params(request, defaults)
+        params = to_sampling_params(request, defaults, llm.vocab_size)
         prompt = encode_chat(request.messages)
         stream = await add_request(async_llm, prompt, params, stop_strings(request), "messages")
         if request.stream:
@@ -156,20 +199,6 @@ def build_app(async_llm: AsyncLLM, model_name: str = "default") -> FastAPI:
         return Response(to_json(response, request.return_token_ids), media_type="application/json")
 
     return app
-
-
-async def api_error(request: Request, exc: APIError | EngineError) -> Response:
-    """An APIError as its answer; an EngineError (a failed step, a closed engine) as a 500."""
-    return (exc if isinstance(exc, APIError) else APIError(500, str(exc))).response()
-
-
-async def validation_error(request: Request, exc: RequestValidationError) -> Response:
-    """pydantic's complaints about a request body as a 400 in OpenAI's format, `param` the first field at fault."""
-    errors = exc.errors()[:5]
-    where = [".".join(str(part) for part in e["loc"][1:]) for e in errors]
-    message = "; ".join(f"{field}: {e['msg']}" if field else e["msg"] for field, e in zip(where, errors))
-    param = next((e["loc"][1] for e in errors if len(e["loc"]) > 1 and isinstance(e["loc"][1], str)), None)
-    return APIError(400, message, param).response()
 
 
 def completion_chunk(response_id: str, model_name: str, out, usage_info, first: bool) -> CompletionResponse:
@@ -226,10 +255,35 @@ def parse_args(argv):
         metavar="JSON",
         help='speculative decoding (chapter 13), e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'',
     )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("MINILLM_API_KEY"),
+        help="require `Authorization: Bearer <key>` on every route but /health, /metrics and the docs (vLLM's flag; "
+        "default: $MINILLM_API_KEY, which keeps the key off the command line)",
+    )
+    parser.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=MAX_REQUEST_BODY_BYTES,
+        metavar="N",
+        help=f"larger request bodies get 413, refused before they are read (default {MAX_REQUEST_BODY_BYTES}: 1 MiB)",
+    )
     args = parser.parse_args(argv)
     if args.max_queue < 1:
         parser.error(f"--max-queue must be >= 1, got {args.max_queue}")
+    if args.max_request_body_bytes < 1:
+        parser.error(f"--max-request-body-bytes must be >= 1, got {args.max_request_body_bytes}")
     return args
+
+
+def exposure_warning(host: str, api_key: str | None) -> str | None:
+    """What to warn about when the server listens beyond this machine (host: an IP address) with no API key."""
+    if api_key is None and not ipaddress.ip_address(host).is_loopback:
+        return (
+            f"{host} is reachable from other machines and no API key is set: anyone who reaches it can use this "
+            "server (set --api-key or MINILLM_API_KEY)"
+        )
+    return None
 
 
 def engine_options(args) -> dict:
@@ -250,7 +304,7 @@ def main(argv=None) -> int:
         return 1
     async_llm = AsyncLLM(llm, max_queue=args.max_queue)
     model_name = args.model or "default"
-    app = build_app(async_llm, model_name)
+    app = build_app(async_llm, model_name, args.api_key, args.max_request_body_bytes)
     try:
         sock = listen(args.host, args.port)
     except OSError as e:
@@ -258,6 +312,8 @@ def main(argv=None) -> int:
         print(f"python -m minillm.serve: cannot listen on {args.host}:{args.port}: {e.strerror}", file=sys.stderr)
         return 1
     host, port = sock.getsockname()[:2]
+    if warning := exposure_warning(host, args.api_key):
+        print(f"python -m minillm.serve: warning: {warning}", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=host, port=port, lifespan="off", timeout_graceful_shutdown=5)
     print(f"minillm serves {model_name} at {url(sock)} (the OpenAI API under /v1; Ctrl-C stops)", flush=True)
     # uvicorn handles SIGINT and SIGTERM (finish the requests in flight, 5 s at most), then raises the signal again:

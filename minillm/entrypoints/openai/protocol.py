@@ -1,20 +1,62 @@
 """The OpenAI API's requests and responses as pydantic models (the subset minillm serves, vLLM's names).
 
-A request with a field this API does not know, or a value of the wrong type, is refused (400) naming the field,
-rather than served as if the field were absent. `top_k`, `ignore_eos`, `stop_token_ids` and `return_token_ids`
-are vLLM's extra sampling fields (the openai client sends them through `extra_body`)."""
+A request with a field this API does not know, a value of the wrong JSON type ("3" for an integer, true for a
+number) or out of its bounds, is refused (400) naming the field, rather than served as if the field were absent or
+coerced. The bounds are Field constraints, so /openapi.json publishes exactly what the server accepts: seed an
+int64 (vLLM's bound), top_k >= -1, top_p in (0, 1], temperature >= 0, max_tokens >= 1, a non-empty prompt, and a
+length for every list. `top_k`, `ignore_eos`, `stop_token_ids` and `return_token_ids` are vLLM's extra sampling
+fields (the openai client sends them through `extra_body`)."""
 
 import time
 from typing import Annotated, Literal
 from uuid import uuid4
 
-from pydantic import BaseModel, ConfigDict, Field
+import torch
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
+from minillm.sampling_params import MAX_STOP_TOKEN_IDS
+
+_LONG_INFO = torch.iinfo(torch.long)  # a seed must fit an int64, as in SamplingParams
+
+MAX_STOP_STRINGS = 64  # every new piece of text is searched for each stop string
+MAX_STOP_STRING_CHARS = 256  # a stop string holds the streamed text back by its length, less one character
+MAX_MESSAGES = 4096  # each turn costs a few template tokens: more turns fit no context minillm serves
+MAX_TOKEN_IDS = 1 << 18  # twice the longest context of today's open models (128k tokens)
+
+
+def whole_number(value):
+    """3.0 as 3: JSON Schema's "integer" is any number without a fractional part (strict pydantic wants an int)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def integer(**bounds):
+    """The type of an integer field with these bounds (ge=, le=), which takes 3.0 as 3. The bounds come before
+    the validator, or pydantic cannot publish them as JSON Schema's minimum and maximum."""
+    return Annotated[int, Field(**bounds), BeforeValidator(whole_number)]
+
+
+# vLLM's bound on a seed. Published as `< 2**63` rather than `<= 2**63 - 1`: JSON schema readers (FastAPI's
+# OpenAPI model among them) take bounds as doubles, which hold 2**63 exactly and 2**63 - 1 not at all
+Int64 = Annotated[
+    integer(ge=_LONG_INFO.min, le=_LONG_INFO.max),
+    WithJsonSchema(
+        {"type": "integer", "format": "int64", "minimum": _LONG_INFO.min, "exclusiveMaximum": _LONG_INFO.max + 1}
+    ),
+]
 NonEmptyStr = Annotated[str, Field(min_length=1)]
+TokenId = integer(ge=0)
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
 
 
 class OpenAIBaseModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class OpenAIRequestModel(OpenAIBaseModel):
+    """A request body or a part of one, validated strictly: JSON's own types only, and no NaN or Infinity (which
+    Python's json module reads, JSON does not have)."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)
 
 
 class ErrorInfo(OpenAIBaseModel):
@@ -25,24 +67,26 @@ class ErrorInfo(OpenAIBaseModel):
 
 
 class ErrorResponse(OpenAIBaseModel):
+    """Every answer other than 200, as OpenAI's API gives it: `param` names the request field at fault."""
+
     error: ErrorInfo
 
 
-class StreamOptions(OpenAIBaseModel):
+class StreamOptions(OpenAIRequestModel):
     include_usage: bool = False  # one last chunk, with no choices, carries the usage
 
 
-class SamplingFields(OpenAIBaseModel):
+class SamplingFields(OpenAIRequestModel):
     """What completions and chat completions share: the model, sampling, stopping and streaming."""
 
     model: str | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    n: int = 1
-    stop: NonEmptyStr | list[NonEmptyStr] | None = None
-    stop_token_ids: list[int] | None = None
+    temperature: float | None = Field(None, ge=0, description="0: greedy; (0, 0.01) is raised to 0.01 (as vLLM)")
+    top_p: float | None = Field(None, gt=0, le=1, description="1: no limit")
+    top_k: integer(ge=-1) | None = Field(None, description="0 or -1: no limit; at most the vocabulary size")
+    seed: Int64 | None = None
+    n: integer(ge=1, le=1) = Field(1, description="minillm returns one choice: send n requests for n")
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -51,28 +95,34 @@ class SamplingFields(OpenAIBaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int]
-    max_tokens: int | None = None
+    prompt: NonEmptyStr | Annotated[list[TokenId], Field(min_length=1, max_length=MAX_TOKEN_IDS)]
+    max_tokens: integer(ge=1) | None = None
 
 
-class ChatContentPart(OpenAIBaseModel):
+class ChatContentPart(OpenAIRequestModel):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(OpenAIBaseModel):
+class ChatMessage(OpenAIRequestModel):
     role: str
     content: str | list[ChatContentPart]
 
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
     def as_dict(self) -> dict:
-        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return {"role": self.role, "content": content}
+        return {"role": self.role, "content": self.text}
+
+
+Messages = Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None  # the newer name of max_tokens; wins when both are given
+    messages: Messages
+    max_tokens: integer(ge=1) | None = None
+    max_completion_tokens: integer(ge=1) | None = Field(None, description="the newer name of max_tokens; wins over it")
 
 
 class UsageInfo(OpenAIBaseModel):
@@ -153,14 +203,23 @@ class ModelList(OpenAIBaseModel):
     data: list[ModelCard]
 
 
-class TokenizeRequest(OpenAIBaseModel):
+class TokenizeRequest(OpenAIRequestModel):
     """vLLM's /tokenize: a prompt (add_special_tokens: the BOS, as /v1/completions adds it), or a conversation
-    rendered with the chat template (as /v1/chat/completions does)."""
+    rendered with the chat template (as /v1/chat/completions does); one of the two, as the schema's oneOf says."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+                {"required": ["messages"], "properties": {"messages": {"type": "array"}}},
+            ]
+        }
+    )
 
     model: str | None = None
-    prompt: str | None = None
+    prompt: NonEmptyStr | None = None
     add_special_tokens: bool = True
-    messages: list[ChatMessage] | None = None
+    messages: Messages | None = None
     add_generation_prompt: bool = True
 
 
@@ -170,9 +229,9 @@ class TokenizeResponse(OpenAIBaseModel):
     tokens: list[int]
 
 
-class DetokenizeRequest(OpenAIBaseModel):
+class DetokenizeRequest(OpenAIRequestModel):
     model: str | None = None
-    tokens: list[int]
+    tokens: Annotated[list[TokenId], Field(max_length=MAX_TOKEN_IDS)]
 
 
 class DetokenizeResponse(OpenAIBaseModel):

@@ -15,12 +15,16 @@ from minillm.engine.output_processor import DeltaOutput
 from minillm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields, UsageInfo
 from minillm.sampling_params import SamplingParams
 
-ERROR_TYPES = {
-    400: "BadRequestError",
-    404: "NotFoundError",
-    429: "RateLimitError",
-    500: "InternalServerError",
-    503: "ServiceUnavailableError",
+# status -> (OpenAI's error type, what it means here: /openapi.json documents each route's with these)
+ERRORS = {
+    400: ("BadRequestError", "a field of the request is invalid: `param` names it"),
+    401: ("AuthenticationError", "no API key, or a wrong one (the server runs with --api-key)"),
+    404: ("NotFoundError", "no such model (`param`: model), or no such route"),
+    405: ("MethodNotAllowedError", "the route does not take this HTTP method (the Allow header lists those it takes)"),
+    413: ("RequestTooLargeError", "the request body is larger than --max-request-body-bytes"),
+    429: ("RateLimitError", "max_queue requests are waiting for their first token: retry later"),
+    500: ("InternalServerError", "the engine failed on this request (the server serves on)"),
+    503: ("ServiceUnavailableError", "the engine is not serving"),
 }
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop_token_ids", "ignore_eos")
 NO_TOKEN_IDS = {"prompt_token_ids": True, "choices": {"__all__": {"token_ids"}}}
@@ -34,18 +38,28 @@ class APIError(Exception):
         self.status, self.param = status, param
 
     def body(self) -> str:
-        info = ErrorInfo(message=str(self), type=ERROR_TYPES[self.status], param=self.param, code=self.status)
+        info = ErrorInfo(
+            message=str(self), type=ERRORS.get(self.status, ("APIStatusError",))[0], param=self.param, code=self.status
+        )
         return ErrorResponse(error=info).model_dump_json()
 
-    def response(self) -> Response:
-        return Response(self.body(), self.status, media_type="application/json")
+    def response(self, headers: dict[str, str] | None = None) -> Response:
+        return Response(self.body(), self.status, headers, media_type="application/json")
 
 
-def to_sampling_params(request: SamplingFields, defaults: SamplingParams) -> SamplingParams:
+def error_responses(*statuses: int) -> dict:
+    """The `responses` of a route's OpenAPI entry for these statuses, each with OpenAI's error shape."""
+    return {status: {"model": ErrorResponse, "description": ERRORS[status][1]} for status in statuses}
+
+
+def to_sampling_params(request: SamplingFields, defaults: SamplingParams, vocab_size: int) -> SamplingParams:
     """The request's sampling fields over the model's defaults (LLM.get_default_sampling_params), checked by
-    SamplingParams itself: a bad value answers 400 with its message, naming the field."""
-    if request.n != 1:
-        raise APIError(400, f"n must be 1 (got {request.n}): minillm returns one choice; send n requests", "n")
+    SamplingParams itself: a bad value answers 400 with its message, naming the field. The protocol has checked
+    each field's bounds already; this adds the one that depends on the model, top_k against its vocabulary."""
+    if request.top_k is not None and request.top_k > vocab_size:
+        raise APIError(
+            400, f"top_k must be at most the vocabulary size ({vocab_size}; 0 = no limit), got {request.top_k}", "top_k"
+        )
     chosen = {name: getattr(request, name) for name in SAMPLING_FIELDS if getattr(request, name) is not None}
     given = getattr(request, "max_completion_tokens", None) is not None
     max_tokens_field = "max_completion_tokens" if given else "max_tokens"
@@ -56,6 +70,18 @@ def to_sampling_params(request: SamplingFields, defaults: SamplingParams) -> Sam
     except ValueError as e:
         name = next((name for name in chosen if str(e).startswith(name)), None)
         raise APIError(400, str(e), max_tokens_field if name == "max_tokens" else name) from None
+
+
+def check_prompt_length(num_chars: int, max_chars: int, max_model_len: int, param: str) -> None:
+    """Refuse, before any tokenizing, a prompt with more characters than max_model_len tokens can hold: no token
+    spells more than max_chars / max_model_len characters, so such a prompt has more than max_model_len tokens."""
+    if num_chars > max_chars:
+        raise APIError(
+            400,
+            f"the prompt has {num_chars} characters, more than the {max_chars} that max_model_len={max_model_len} "
+            f"tokens can spell (at most {max_chars // max_model_len} characters a token): shorten the prompt",
+            param,
+        )
 
 
 def stop_strings(request: SamplingFields) -> list[str]:
@@ -160,8 +186,10 @@ def with_cancellation(handler):
             await asyncio.wait([work, gone], return_when=asyncio.FIRST_COMPLETED)
         finally:  # also when this wrapper is cancelled (a server shutting down)
             gone.cancel()
-            if not work.done():
-                work.cancel()
+            work.cancel()  # a task that is done already ignores it
+            # cancel() only asks: wait until both have stopped, so that the handler's cleanup (its request aborted)
+            # has run and work is settled (result() on a task still being cancelled raises InvalidStateError)
+            await asyncio.wait([work, gone])
         if work.cancelled():
             return Response(status_code=499)  # nginx's "client closed request": nobody reads it
         return work.result()

@@ -90,7 +90,21 @@ PARAMS = [
     ("top_p 0", dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
     ("top_p above 1", dict(top_p=1.5), r"top_p must be in \(0, 1\].*1.5"),
     ("top_k below -1", dict(top_k=-2), "top_k must be an integer >= -1"),
-    ("seed not an int", dict(seed="7"), "seed must be an integer or None, got '7'"),
+    ("top_k not an int", dict(top_k=2.5), "top_k must be an integer >= -1.*got 2.5"),
+    ("max_tokens a bool", dict(max_tokens=True), "max_tokens must be an integer >= 1, got True"),
+    ("seed not an int", dict(seed="7"), r"seed must be an integer in \[-9223372036854775808, 9223372036854775807\]"),
+    ("seed past int64", dict(seed=2**63), r"seed must be .*\(an int64\) or None, got 9223372036854775808"),
+    ("seed below int64", dict(seed=-(2**63) - 1), "seed must be .*got -9223372036854775809"),
+    (
+        "stop token id negative",
+        dict(stop_token_ids=[5, -1]),
+        r"stop_token_ids must be token ids \(integers >= 0\), got \[-1\]",
+    ),
+    (
+        "too many stop token ids",
+        dict(stop_token_ids=range(1025)),
+        "stop_token_ids has 1025 ids, more than 1024: give at most 1024",
+    ),
 ]
 
 
@@ -98,6 +112,20 @@ PARAMS = [
 def test_a_bad_sampling_parameter_is_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
+
+
+def test_temperature_bounds_as_vllms():
+    """0 stays greedy; a positive temperature below 0.01 is raised to it (logits / 1e-5 overflow); the int64 seeds
+    at both ends are taken; -1 as top_k means no limit (0)."""
+    assert [SamplingParams(temperature=t).temperature for t in (0, 1e-9, 0.005, 0.01, 0.7)] == [
+        0,
+        0.01,
+        0.01,
+        0.01,
+        0.7,
+    ]
+    assert [SamplingParams(seed=s).seed for s in (-(2**63), 2**63 - 1)] == [-(2**63), 2**63 - 1]
+    assert SamplingParams(top_k=-1).top_k == 0
 
 
 ENGINES = [

@@ -102,7 +102,7 @@ def build_app(
     add_exception_handlers(app)
     app.openapi = partial(openapi_schema, app, api_key is not None)
     auth = (401,) if api_key else ()
-    generate = dict(
+    generate = dict(  # what /v1/completions and /v1/chat/completions document
         responses={
             200: {
                 "description": "the answer: whole (JSON), or with stream: true as server-sent events, `data: <json>`"

@@ -38,9 +38,8 @@ class APIError(Exception):
         self.status, self.param = status, param
 
     def body(self) -> str:
-        info = ErrorInfo(
-            message=str(self), type=ERRORS.get(self.status, ("APIStatusError",))[0], param=self.param, code=self.status
-        )
+        error_type = ERRORS[self.status][0] if self.status in ERRORS else "APIStatusError"  # the openai client's
+        info = ErrorInfo(message=str(self), type=error_type, param=self.param, code=self.status)
         return ErrorResponse(error=info).model_dump_json()
 
     def response(self, headers: dict[str, str] | None = None) -> Response:

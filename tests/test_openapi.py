@@ -1,0 +1,87 @@
+"""/openapi.json says what the server does, and schemathesis holds the server to it: from the schema it generates
+requests, valid and invalid (its coverage and fuzzing phases), and checks every answer: no 5xx, a documented status
+code and content type, a body (or server-sent event) that fits the documented schema, invalid requests refused,
+the Allow header of a 405. Bounded examples and a fixed seed keep a run reproducible and under a minute.
+
+One check is left out, as vLLM's own schemathesis test leaves it out: positive_data_acceptance (a request the
+schema allows must be served). An LLM server cannot pass it: whether a prompt fits max_model_len is known only
+once it is tokenized, token ids and top_k are bounded by the model's vocabulary, and a model without a chat template
+refuses chats; no JSON schema says that. Each such refusal is a 400 naming its field (tests/test_server.py)."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import httpx
+import pytest
+from test_server import TEMPLATE, Server  # tests/ is on sys.path
+
+from minillm import LLM, default_model_path
+from minillm.engine.async_llm import AsyncLLM
+
+ERROR_SCHEMA = {"$ref": "#/components/schemas/ErrorResponse"}
+# route -> (method, the statuses it documents besides 200)
+ROUTES = {
+    "/v1/completions": ("post", {"400", "404", "413", "429", "500"}),
+    "/v1/chat/completions": ("post", {"400", "404", "413", "429", "500"}),
+    "/tokenize": ("post", {"400", "404", "413"}),
+    "/detokenize": ("post", {"400", "404", "413"}),
+    "/v1/models": ("get", set()),
+    "/health": ("get", {"503"}),
+    "/metrics": ("get", set()),
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The story model with a chat template, so that chats are served too; max_model_len 128 keeps each
+    generated answer short."""
+    path = tmp_path_factory.mktemp("story-chat") / "model"
+    shutil.copytree(default_model_path(), path)
+    (path / "chat_template.jinja").write_text(TEMPLATE)
+    server = Server(AsyncLLM(LLM(path, num_kvcache_blocks=64, max_model_len=128), max_queue=64), "story")
+    yield server
+    server.stop()
+
+
+def test_each_route_documents_its_errors_content_types_and_bounds(server):
+    schema = httpx.get(server.url + "/openapi.json").json()
+    for path, (method, statuses) in ROUTES.items():
+        responses = schema["paths"][path][method]["responses"]
+        assert set(responses) == {"200"} | statuses, path  # no 422: a body it cannot validate gets 400
+        assert all(responses[s]["content"]["application/json"]["schema"] == ERROR_SCHEMA for s in statuses)
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        assert set(schema["paths"][path]["post"]["responses"]["200"]["content"]) == {
+            "application/json",
+            "text/event-stream",
+        }
+    assert set(schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
+    assert "content" not in schema["paths"]["/health"]["get"]["responses"]["200"]  # an empty 200, as vLLM's
+    fields = schema["components"]["schemas"]["CompletionRequest"]["properties"]
+    assert fields["seed"]["anyOf"][0] == {
+        "type": "integer",
+        "format": "int64",
+        "minimum": -(2**63),
+        "exclusiveMaximum": 2**63,
+    }
+    assert fields["top_k"]["anyOf"][0] == {"type": "integer", "minimum": -1}
+    assert fields["top_p"]["anyOf"][0] == {"type": "number", "exclusiveMinimum": 0.0, "maximum": 1.0}
+    assert fields["temperature"]["anyOf"][0] == {"type": "number", "minimum": 0.0}
+    assert fields["max_tokens"]["anyOf"][0] == {"type": "integer", "minimum": 1}
+    assert [p.get("minLength", p.get("minItems")) for p in fields["prompt"]["anyOf"]] == [1, 1]
+    assert fields["stop"]["anyOf"][1]["maxItems"] == 64 and fields["stop_token_ids"]["anyOf"][0]["maxItems"] == 1024
+    assert "HTTPValidationError" not in schema["components"]["schemas"]
+
+
+def test_schemathesis_finds_no_failure(server, tmp_path):
+    command = [sys.executable, "-m", "schemathesis.cli", "run", server.url + "/openapi.json", "--checks", "all"]
+    command += ["--exclude-checks", "positive_data_acceptance", "--max-examples", "20", "--seed", "45"]
+    command += ["--generation-database", "none", "--workers", "1", "--no-color", "--request-timeout", "30"]
+    command += ["--report", "json", "--report-dir", str(tmp_path)]
+    # cwd: schemathesis writes a cache directory where it runs
+    run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    report = json.loads(next(tmp_path.glob("json-*.json")).read_text())
+    assert report["operations"]["tested"] == len(ROUTES) and report["test_cases"]["generated"] > 500
+    assert report["test_cases"]["with_failures"] == report["test_cases"]["errored"] == 0

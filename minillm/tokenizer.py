@@ -1,6 +1,7 @@
 """Text <-> token ids over a Hugging Face tokenizer.json, with a chat template and incremental detokenization."""
 
 import json
+from functools import lru_cache
 from pathlib import Path
 
 import jinja2.sandbox
@@ -118,11 +119,7 @@ class Tokenizer:
         template = chat_template or self.chat_template
         if not template:
             raise ValueError("this tokenizer has no chat template; pass plain text prompts instead")
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
-        env.globals["raise_exception"] = _raise
-        return env.from_string(template).render(
+        return compile_chat_template(template).render(
             messages=messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "",
@@ -148,6 +145,16 @@ class IncrementalDetokenizer:
         )
         self.text += delta
         return delta
+
+
+@lru_cache(maxsize=16)
+def compile_chat_template(template: str) -> jinja2.Template:
+    """A chat template compiled once (compiling costs far more than rendering), in a sandbox as transformers does."""
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.globals["raise_exception"] = _raise
+    return env.from_string(template)
 
 
 def _token_str(tok) -> str | None:

@@ -1,5 +1,5 @@
 """AsyncLLM: requests from asyncio tasks get the tokens LLM.generate gives them; a consumer that leaves aborts its
-request and frees its blocks; a failed step fails its requests only; stop strings cut the text; a full queue
+request and frees its blocks; a request whose step fails alone fails, the engine serves on; stop strings cut the text; a full queue
 refuses at once; close() leaves no thread."""
 
 import asyncio
@@ -38,7 +38,7 @@ def engine_threads() -> list[threading.Thread]:
 
 async def free_blocks(async_llm: AsyncLLM) -> tuple[int, int, bool]:
     return await async_llm.run_in_engine(
-        lambda e: (e.block_manager.num_free_blocks, len(e.block_manager.blocks), e.is_finished())
+        lambda core: (core.block_manager.num_free_blocks, len(core.block_manager.blocks), not core.requests)
     )
 
 
@@ -134,9 +134,8 @@ def test_a_failed_step_fails_its_requests_and_the_engine_serves_on(llm, referenc
 
     async def main():
         async with AsyncLLM(llm) as async_llm:
-            with pytest.raises(EngineError, match="injected fault") as failed:
+            with pytest.raises(EngineError, match="RuntimeError: injected fault"):  # its step, alone, failed
                 await run(async_llm.generate(PROMPTS[0], GREEDY))
-            assert isinstance(failed.value.__cause__, RuntimeError)
             assert await free_blocks(async_llm) == (32, 32, True)
             return await run(async_llm.generate(PROMPTS[1], GREEDY))
 
@@ -145,8 +144,8 @@ def test_a_failed_step_fails_its_requests_and_the_engine_serves_on(llm, referenc
 
 
 def test_a_full_queue_refuses_at_once_and_bad_requests_get_the_engines_message(llm, monkeypatch):
-    release, step = threading.Event(), llm.step
-    monkeypatch.setattr(llm, "step", lambda: release.wait(30) and step())  # the engine is held in its first step
+    release, step = threading.Event(), llm.engine_core.step
+    monkeypatch.setattr(llm.engine_core, "step", lambda: release.wait(30) and step())  # held in its first step
 
     async def main():
         async with AsyncLLM(llm, max_queue=1) as async_llm:
@@ -208,7 +207,8 @@ def test_stats_count_tokens_latencies_and_preemptions(tiny_checkpoint):
             return await asyncio.gather(*(run(async_llm.generate(p, params)) for p in prompts))
 
     assert [token_ids for _, token_ids, _ in asyncio.run(main())] == expected  # preemption changes no token
-    assert recorder.total("num_preempted_reqs") == llm.scheduler.num_preemptions - before > 0
+    preempted = sum(s.num_preempted_reqs for s in recorder.scheduler)
+    assert preempted == llm.scheduler.num_preemptions - before > 0
     assert recorder.total("num_generation_tokens") == 4 * 24
     assert recorder.total("num_prompt_tokens") == recorder.total("prefix_cache_queries") == 4 * 20
     assert len(recorder.all("time_to_first_tokens_iter")) == len(recorder.all("e2e_latencies")) == 4

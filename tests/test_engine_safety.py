@@ -13,6 +13,7 @@ from scheduling import run_step
 from minillm import LLM, SamplingParams
 from minillm.config import Config
 from minillm.engine.block_manager import BlockManager
+from minillm.engine.exceptions import EngineError
 from minillm.engine.scheduler import Scheduler
 from minillm.engine.sequence import Sequence, SequenceStatus
 from minillm.naive import generate_cached
@@ -54,17 +55,29 @@ def test_a_step_that_raises_leaves_no_trace(tiny_checkpoint, fresh_tokens, error
     assert out.num_cached_tokens == (0 if fail_at == 1 else 28)
 
 
-def test_a_failed_step_is_rolled_back_for_requests_added_directly(tiny_checkpoint, fresh_tokens):
+def test_a_request_whose_steps_fail_fails_alone_and_the_others_go_on(tiny_checkpoint, fresh_tokens):
+    """One request makes every step it is in fail (its sampling raises). The first such step holds two requests:
+    it is rolled back and each is run alone; the other then gets its tokens, the culprit fails by itself."""
     llm = LLM(tiny_checkpoint, **ENGINE)
-    seq = llm.add_request(PROMPT, GREEDY)
-    llm.model_runner.model.forward = lambda *args: (_ for _ in ()).throw(RuntimeError("injected"))
-    with pytest.raises(RuntimeError):
-        llm.step()
-    del llm.model_runner.model.forward
-    assert seq.status == SequenceStatus.WAITING and not seq.block_table and not llm.block_manager.hash_to_block_id
+    good, bad = llm.add_request(PROMPT, GREEDY), llm.add_request([5, 6, 7], GREEDY)
+    prepare_sample = llm.model_runner.prepare_sample
+
+    def failing(seqs, *args, **kwargs):
+        if bad in seqs:
+            raise RuntimeError("injected: this request's sampling fails")
+        return prepare_sample(seqs, *args, **kwargs)
+
+    llm.model_runner.prepare_sample = failing
+    failures = []
     while not llm.is_finished():
-        llm.step()
-    assert seq.completion_token_ids == fresh_tokens and all_free(llm)
+        try:
+            llm.step()
+        except EngineError as e:
+            failures.append(str(e))
+    assert failures == [f"request {bad.request_id} failed: RuntimeError: injected: this request's sampling fails"]
+    assert bad.finish_reason == "error" and not bad.block_table
+    assert good.completion_token_ids == fresh_tokens and all_free(llm)
+    assert not llm.engine_core.requests and not llm.engine_core.suspects
 
 
 @pytest.mark.parametrize("how", ["break", "close", "exception"])

@@ -178,8 +178,9 @@ def test_engine_on_the_triton_backend_gives_the_torch_backends_tokens():
 
 @pytest.mark.parametrize("backend", ["torch", "cpu", "triton"])
 def test_mixed_steps_give_the_tokens_of_separate_steps(backend, monkeypatch):
-    """Prompts join while others decode (2 seats, prompt chunks of at most 6 tokens): steps whose first rows decode
-    and whose other rows prefill (attention runs the two parts apart) give the tokens separate steps give."""
+    """A prompt is prefilled in chunks while others decode (3 seats, chunks of at most 6 tokens): steps whose first
+    rows decode and whose other rows prefill (attention runs the two parts apart) give the tokens separate steps
+    give."""
     if backend == "cpu" and not cpu_kernels():
         pytest.skip("the CPU kernels could not be built here")
     mixed_steps = []
@@ -194,7 +195,7 @@ def test_mixed_steps_give_the_tokens_of_separate_steps(backend, monkeypatch):
             device=DEVICE,
             kvcache_block_size=4,
             num_kvcache_blocks=64,
-            max_num_seqs=2,
+            max_num_seqs=3,
             long_prefill_token_threshold=6,
             mixed_steps=mixed,
         )

@@ -182,8 +182,11 @@ def test_a_step_that_fails_on_rank_0_mid_forward_is_recovered(tp2, expected, mon
         return type(mlp).forward(mlp, x)
 
     monkeypatch.setattr(mlp, "forward", failing)
-    with pytest.raises(type(error)):
-        tokens(tp2)
+    if isinstance(error, KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt):
+            tokens(tp2)
+    else:  # the failed step's requests are run alone, once each: the fault does not come back, they all finish
+        assert tokens(tp2) == expected["greedy"] and calls[0] > 5
     assert tp2.block_manager.num_free_blocks == len(tp2.block_manager.blocks)
     assert tokens(tp2) == expected["greedy"], "after renewing its group, the engine gives a fresh engine's tokens"
 

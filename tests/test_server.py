@@ -97,7 +97,7 @@ def engine_state(server):
     """(free blocks, all blocks, nothing unfinished), read on the engine thread."""
     return asyncio.run(
         server.async_llm.run_in_engine(
-            lambda e: (e.block_manager.num_free_blocks, len(e.block_manager.blocks), e.is_finished())
+            lambda core: (core.block_manager.num_free_blocks, len(core.block_manager.blocks), not core.requests)
         )
     )
 
@@ -360,16 +360,16 @@ def test_a_server_reachable_from_other_machines_without_a_key_is_warned_about():
 
 
 @pytest.fixture
-def held_engine(server, monkeypatch):
-    """The engine held at the start of its next step until released; `entered` once a request is in it."""
-    entered, release, step = threading.Event(), threading.Event(), server.async_llm.engine.step
+def held_engine(server, llm, monkeypatch):
+    """The engine core held at the start of its next step until released; `entered` once a request is in it."""
+    entered, release, step = threading.Event(), threading.Event(), llm.engine_core.step
 
     def held_step():
         entered.set()
         release.wait(30)
         return step()
 
-    monkeypatch.setattr(server.async_llm.engine, "step", held_step)
+    monkeypatch.setattr(llm.engine_core, "step", held_step)
     yield entered, release
     release.set()
 
@@ -391,8 +391,8 @@ def test_a_full_queue_answers_429(server, held_engine, monkeypatch):
     assert first["r"].status_code == 200
 
 
-def test_a_failed_step_answers_500_and_the_server_serves_on(server, reference, monkeypatch):
-    runner = server.async_llm.engine.model_runner
+def test_a_failed_step_answers_500_and_the_server_serves_on(server, llm, reference, monkeypatch):
+    runner = llm.model_runner
     run, calls = runner.run, []
 
     def fail_once(*args):
@@ -448,7 +448,7 @@ def test_metrics_use_vllms_names_and_count_a_request(server):
     names += ["e2e_request_latency_seconds_count"]
     assert all(f"vllm:{name}" in after for name in names)
     delta = {name: after[f"vllm:{name}"] - before[f"vllm:{name}"] for name in names}
-    prompt_len = len(server.async_llm.engine.tokenizer.encode(PROMPT * 4))
+    prompt_len = len(server.async_llm.tokenizer.encode(PROMPT * 4))
     assert delta["prompt_tokens_total"] == delta["prefix_cache_queries_total"] == 2 * prompt_len
     assert 0 < delta["prefix_cache_hits_total"] <= prompt_len
     assert delta["generation_tokens_total"] == 20 and delta["inter_token_latency_seconds_count"] == 18

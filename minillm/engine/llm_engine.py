@@ -1,26 +1,26 @@
-"""LLMEngine: add requests, step the scheduler and the model runner, hand back text as it is produced."""
+"""LLMEngine: the offline front end (vLLM's vllm/v1/engine/llm_engine.py). It checks and tokenizes requests (the
+Processor), hands them to an engine core in this process (EngineCore: the scheduler, the model runner, the KV
+cache), steps it, and turns its new token ids into text. In one process, the core's pieces can be watched and
+driven by hand: `llm.scheduler`, `llm.block_manager`, `llm.model_runner`."""
 
 import json
 import time
-import weakref
 from dataclasses import dataclass, fields
+from itertools import count
 from pathlib import Path
 from typing import Iterator
 
 from tqdm.auto import tqdm
 
 from minillm.config import Config, ModelConfig, default_model_path, resolve_dtype
-from minillm.engine.block_manager import BlockManager
-from minillm.engine.model_runner import ModelRunner
-from minillm.engine.scheduler import Scheduler
+from minillm.engine.core import EngineCore
+from minillm.engine.exceptions import EngineError
+from minillm.engine.messages import EngineCoreRequest
+from minillm.engine.processor import Processor
 from minillm.engine.sequence import Sequence
-from minillm.engine.worker import describe_failed, join_tensor_parallel, stop_workers
 from minillm.sampling_params import SamplingParams
-from minillm.spec_decode import make_proposer
-from minillm.spec_decode.metrics import SpecDecodingStats
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 from minillm.utils.loader import resolve_model_path
-from minillm.utils.parallel import check_tensor_parallel
 
 
 @dataclass
@@ -51,143 +51,86 @@ class StreamOutput:
     finished: bool
 
 
-class LLMEngine:
-    workers = ()  # tensor-parallel worker processes (none for one process)
-    closed: str | None = None  # why the engine was closed, once it is
-    _stop_workers = None  # the finalizer that stops the workers
-
-    def __init__(self, model=None, **kwargs):
-        names = {f.name for f in fields(Config)}
-        unknown = set(kwargs) - names
-        if unknown:
-            raise TypeError(f"unknown engine option(s) {sorted(unknown)}; the options are {sorted(names)}")
-        if str(model).endswith(".gguf") and "quantization" not in kwargs:
-            kwargs["quantization"] = "gguf"  # a GGUF file runs as it is stored, as in vLLM
-        self.config = config = Config(model=model, **kwargs)
-        path = resolve_model_path(model if model is not None else default_model_path())
-        model_config = ModelConfig.from_pretrained(path)
-        max_len = model_config.max_position_embeddings
-        if config.max_model_len is None:
-            config.max_model_len = max_len
-        elif config.max_model_len > max_len:
-            raise ValueError(
-                f"max_model_len={config.max_model_len} exceeds the model's "
-                f"max_position_embeddings={max_len}; use max_model_len <= {max_len}."
-            )
-        config.dtype = resolve_dtype(config.dtype, config.device, model_config.dtype)
-        if not config.skip_tokenizer_init and not (path / "tokenizer.json").exists():
-            raise FileNotFoundError(
-                f"{path} has no tokenizer.json: add the checkpoint's tokenizer files, or pass "
-                "skip_tokenizer_init=True to run on token ids alone (outputs then have no text)"
-            )
-        self.tokenizer = None if config.skip_tokenizer_init else Tokenizer(path)
-        group = None
-        if config.tensor_parallel_size > 1:  # checked before any process starts
-            check_tensor_parallel(model_config, config.tensor_parallel_size, config.device, config.enforce_eager)
-            group, self.workers = join_tensor_parallel(config, path)
-        try:
-            self.model_runner = ModelRunner(config, path, group)
-        except BaseException:
-            stop_workers(group, self.workers)
-            raise
-        # the workers stop when the engine is closed, garbage-collected, or the interpreter exits
-        self._stop_workers = weakref.finalize(self, stop_workers, group, self.workers) if group else None
-        self.vocab_size = model_config.vocab_size
-        self.block_manager = BlockManager(
-            self.model_runner.num_kvcache_blocks, config.kvcache_block_size, config.enable_prefix_caching
+def engine_config(model=None, **kwargs) -> tuple[Config, Path, ModelConfig]:
+    """The engine's settings from LLM(...)'s keywords, resolved against the checkpoint (max_model_len, dtype):
+    what the front end and the engine core both work from (vLLM's EngineArgs.create_engine_config)."""
+    names = {f.name for f in fields(Config)}
+    unknown = set(kwargs) - names
+    if unknown:
+        raise TypeError(f"unknown engine option(s) {sorted(unknown)}; the options are {sorted(names)}")
+    if str(model).endswith(".gguf") and "quantization" not in kwargs:
+        kwargs["quantization"] = "gguf"  # a GGUF file runs as it is stored, as in vLLM
+    config = Config(model=model, **kwargs)
+    path = resolve_model_path(model if model is not None else default_model_path())
+    model_config = ModelConfig.from_pretrained(path)
+    max_len = model_config.max_position_embeddings
+    if config.max_model_len is None:
+        config.max_model_len = max_len
+    elif config.max_model_len > max_len:
+        raise ValueError(
+            f"max_model_len={config.max_model_len} exceeds the model's "
+            f"max_position_embeddings={max_len}; use max_model_len <= {max_len}."
         )
-        self.scheduler = Scheduler(config, self.block_manager, eos_token_ids(path, model_config, self.tokenizer))
-        self.failed_seqs: list[Sequence] = []  # the sequences of the last step that raised, rolled back
-        # drafts to verify (chapter 13), or None
-        self.proposer = make_proposer(config, self.vocab_size, self.model_runner.num_kvcache_blocks)
-        self.spec_stats = SpecDecodingStats()
+    config.dtype = resolve_dtype(config.dtype, config.device, model_config.dtype)
+    if not config.skip_tokenizer_init and not (path / "tokenizer.json").exists():
+        raise FileNotFoundError(
+            f"{path} has no tokenizer.json: add the checkpoint's tokenizer files, or pass "
+            "skip_tokenizer_init=True to run on token ids alone (outputs then have no text)"
+        )
+    return config, path, model_config
+
+
+class LLMEngine:
+    def __init__(self, model=None, **kwargs):
+        self.config, path, model_config = engine_config(model, **kwargs)
+        self.tokenizer = None if self.config.skip_tokenizer_init else Tokenizer(path)
+        self.vocab_size = model_config.vocab_size
+        self.processor = Processor(self.config, path, model_config, self.tokenizer)
+        self.engine_core = EngineCore(self.config, path, eos_token_ids(path, model_config, self.tokenizer))
+        self.processor.num_kvcache_blocks = self.engine_core.model_runner.num_kvcache_blocks
+        self.seqs: dict[str, Sequence] = {}  # this front end's unfinished requests, by request id
+        self.request_ids = count()
+
+    # the engine core's pieces, in this process: to watch and to drive by hand (notebooks, tests)
+    scheduler = property(lambda self: self.engine_core.scheduler)
+    block_manager = property(lambda self: self.engine_core.block_manager)
+    model_runner = property(lambda self: self.engine_core.model_runner)
+    proposer = property(lambda self: self.engine_core.proposer)
+    spec_stats = property(lambda self: self.engine_core.spec_stats)
+    closed = property(lambda self: self.engine_core.closed)
+    workers = property(lambda self: self.engine_core.workers)
 
     def add_request(self, prompt: str | list[int], sampling_params: SamplingParams, priority: int = 0) -> Sequence:
-        """Tokenize and check a request, then queue it. Raises ValueError naming the problem and the fix."""
-        if isinstance(prompt, str) and self.tokenizer is None:
-            raise ValueError("this engine has no tokenizer (skip_tokenizer_init=True): give prompts as token id lists")
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not ids or prompt == "":  # "" may encode to a lone BOS: say so rather than generate from nothing
-            raise ValueError(
-                "the prompt is empty: give at least one token (a non-empty string or id list; to "
-                "generate from nothing, the id list of the BOS token)"
-            )
-        bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < self.vocab_size)]
-        if bad:
-            raise ValueError(f"unknown token ids {bad[:5]}: ids must be integers in [0, {self.vocab_size})")
-        total = len(ids) + sampling_params.max_tokens
-        if total > self.config.max_model_len:
-            raise ValueError(
-                f"prompt ({len(ids)} tokens) + max_tokens ({sampling_params.max_tokens}) = {total} "
-                f"exceeds max_model_len={self.config.max_model_len}: shorten the prompt or lower "
-                "max_tokens"
-            )
-        need, have = self.block_manager.num_blocks(total), len(self.block_manager.blocks)
-        if need > have:
-            raise ValueError(
-                f"the KV cache ({have} blocks of {self.config.kvcache_block_size} tokens) cannot hold "
-                f"one request of {total} tokens ({need} blocks): raise num_kvcache_blocks or "
-                "kvcache_memory_bytes, or lower max_tokens"
-            )
-        seq = Sequence(ids, sampling_params, priority)
-        self.scheduler.add(seq)
+        """Check, tokenize and queue a request; its Sequence. Raises ValueError naming the problem and the fix."""
+        return self.queue(self.processor.process(str(next(self.request_ids)), prompt, sampling_params, priority))
+
+    def queue(self, request: EngineCoreRequest) -> Sequence:
+        seq = self.seqs[request.request_id] = self.engine_core.add_request(request)
         return seq
 
     def abort_request(self, seq: Sequence) -> None:
         """Stop an unfinished request (as returned by add_request) and free its blocks."""
-        if not seq.is_finished:
-            self.scheduler.abort(seq)
-            if self.proposer:
-                self.proposer.release([seq])
+        self.seqs.pop(seq.request_id, None)
+        self.engine_core.abort_requests([seq.request_id])
 
     def step(self) -> tuple[list[Sequence], int]:
-        """Schedule and run one step. Returns the sequences that got a token, and the tokens computed.
-        A step that raises (an error, Ctrl-C) is rolled back: its sequences will be recomputed; if scheduling
-        itself failed half-way, every queued sequence is."""
-        if self.closed:
-            raise RuntimeError(f"this engine is closed ({self.closed}): create a new LLM")
-        seqs = None
-        try:
-            if self.proposer:  # guess the tokens after each decoding sequence's newest
-                self.proposer.propose([seq for seq in self.scheduler.running if seq.is_decoding])
-            output = self.scheduler.schedule()
-            seqs = output.scheduled
-            assert seqs, "the scheduler planned an empty step although requests are unfinished"
-            sampled = self.model_runner.run(output)
-            now = time.perf_counter()
-            if self.proposer:
-                self.spec_stats.observe(seqs, sampled)
-            updated = self.scheduler.update_from_output(output, sampled)
-            if self.proposer:
-                self.proposer.release([seq for seq in updated if seq.is_finished])
-        except BaseException as e:
-            self.failed_seqs = [*self.scheduler.running, *self.scheduler.waiting] if seqs is None else seqs
-            self.scheduler.rollback(self.failed_seqs)
-            if failed := describe_failed(self.workers):
-                self.close(f"tensor-parallel worker {failed}")
-                raise RuntimeError(
-                    f"tensor-parallel worker {failed} during a step; the engine has stopped its "
-                    "other workers and cannot continue: create a new LLM"
-                ) from e
-            if self.workers and not self.model_runner.group.renewable:
-                self.close("a tensor-parallel step failed on CUDA")
-                raise RuntimeError(
-                    "a tensor-parallel step failed half-way on CUDA, where the ranks waiting in its NCCL "
-                    "collectives cannot be released to run another step; the engine has stopped its "
-                    "workers and cannot continue: create a new LLM"
-                ) from e
-            raise
-        record_token_times(updated, now)
-        return updated, output.total_num_scheduled_tokens
+        """Run one engine-core step: the sequences that got tokens, and the tokens computed. A step that raises (an
+        error, Ctrl-C) is rolled back; a request that fails on its own raises EngineError (the others go on)."""
+        out = self.engine_core.step()
+        updated = [self.seqs[o.request_id] for o in out.outputs if o.request_id in self.seqs]
+        for o in out.outputs:
+            if o.finished:
+                self.seqs.pop(o.request_id, None)
+            if o.error:
+                raise EngineError(f"request {o.request_id} failed: {o.error}")
+        return updated, out.num_scheduled_tokens
 
     def is_finished(self) -> bool:
-        return self.scheduler.is_finished()
+        return not self.engine_core.has_unfinished_requests()
 
     def close(self, reason: str = "close() was called") -> None:
         """Stop the tensor-parallel workers (if any); the engine runs no more steps. Also on `with LLM(...)` exit."""
-        self.closed = self.closed or reason
-        if self._stop_workers:
-            self._stop_workers()
+        self.engine_core.close(reason)
 
     def __enter__(self):
         return self
@@ -211,15 +154,13 @@ class LLMEngine:
                 f"{len(prompts)} prompts but {len(sps)} sampling params and {len(prios)} priorities: "
                 "give one per prompt, or a single SamplingParams for all"
             )
-        seqs = []
-        try:
-            for prompt, sp, prio in zip(prompts, sps, prios):
-                seqs.append(self.add_request(prompt, sp, prio))
-        except ValueError as e:  # reject the whole call before any work starts
-            for seq in seqs:
-                self.scheduler.waiting.remove(seq)
-            raise ValueError(f"prompt {len(seqs)}: {e}") from None
-        return seqs
+        requests = []
+        for i, (prompt, sp, prio) in enumerate(zip(prompts, sps, prios)):
+            try:  # all checked before any is queued: a bad prompt rejects the whole call
+                requests.append(self.processor.process(str(next(self.request_ids)), prompt, sp, prio))
+            except ValueError as e:
+                raise ValueError(f"prompt {i}: {e}") from None
+        return [self.queue(request) for request in requests]
 
     def stream(self, prompts, sampling_params=None, priorities=None) -> Iterator[StreamOutput]:
         """Yield each request's text as it is produced (incrementally detokenized). Closing the stream early
@@ -274,14 +215,6 @@ class LLMEngine:
             )
             for seq in seqs
         ]
-
-
-def record_token_times(seqs: list[Sequence], now: float) -> None:
-    """Stamp the sequences that got a token at `now`: the time of each one's first token, and of its last."""
-    for seq in seqs:
-        seq.first_token_time = seq.first_token_time or now
-        if seq.is_finished:
-            seq.finish_time = now
 
 
 def eos_token_ids(path: Path, model_config: ModelConfig, tokenizer: Tokenizer | None) -> list[int]:

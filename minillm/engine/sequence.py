@@ -20,8 +20,15 @@ class Sequence:
 
     _ids = count()
 
-    def __init__(self, token_ids: list[int], sampling_params: SamplingParams = SamplingParams(), priority: int = 0):
+    def __init__(
+        self,
+        token_ids: list[int],
+        sampling_params: SamplingParams = SamplingParams(),
+        priority: int = 0,
+        request_id: str | None = None,
+    ):
         self.seq_id = next(Sequence._ids)
+        self.request_id = str(self.seq_id) if request_id is None else request_id  # the front end's name for it
         self.status = SequenceStatus.WAITING
         self.token_ids = list(token_ids)
         self.num_prompt_tokens = len(token_ids)
@@ -65,6 +72,12 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
+
+    def stamp(self, now: float) -> None:
+        """Record that it got a token at `now`: the time of its first token, and of its last once it finished."""
+        self.first_token_time = self.first_token_time or now
+        if self.is_finished:
+            self.finish_time = now
 
     @property
     def is_decoding(self) -> bool:

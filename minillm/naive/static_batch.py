@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from minillm.engine.llm_engine import LLMEngine, record_token_times
+from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.scheduler import Scheduler
 from minillm.engine.scheduler_output import SchedulerOutput
 from minillm.engine.sequence import Sequence, SequenceStatus
@@ -78,4 +78,5 @@ def record_step(scheduler: Scheduler, seqs: list[Sequence], sampled: list[list[i
     now = time.perf_counter()
     rows = [i for i, seq in enumerate(seqs) if not seq.is_finished]
     output = SchedulerOutput([], [seqs[i] for i in rows])
-    record_token_times(scheduler.update_from_output(output, [sampled[i] for i in rows]), now)
+    for seq in scheduler.update_from_output(output, [sampled[i] for i in rows]):
+        seq.stamp(now)

@@ -26,6 +26,9 @@ class SpecDecodingStats:
                 seq.num_draft_tokens += len(seq.spec_token_ids)
                 seq.num_accepted_tokens += len(tokens) - 1
 
+    def counts(self) -> tuple[int, int, int]:
+        return self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens
+
     @property
     def acceptance_rate(self) -> float | None:
         """The fraction of drafts kept."""

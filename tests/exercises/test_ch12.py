@@ -10,7 +10,6 @@ buckets and against numpy on many samples in fine buckets, then drives the dashb
 """
 
 import asyncio
-import json
 import math
 from functools import partial
 from json import loads
@@ -25,7 +24,6 @@ from minillm.course import use_impl
 from minillm.course.dashboard import HISTOGRAMS, Dashboard
 from minillm.engine.async_llm import AsyncLLM, EngineError
 from minillm.engine.output_processor import DeltaOutput
-from minillm.entrypoints.openai import serving
 from minillm.entrypoints.openai.api_server import build_app, completion_chunk
 
 OUTPUTS = [DeltaOutput("Once", [11]), DeltaOutput("", [12]), DeltaOutput(" upon", [13], "length")]

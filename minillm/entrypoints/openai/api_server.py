@@ -58,7 +58,6 @@ from minillm.entrypoints.openai.serving import (
     usage,
     with_cancellation,
 )
-from minillm.llm import LLM
 
 # vLLM's server flag (as an argparse dest) -> minillm's Config field
 ENGINE_FLAGS = {
@@ -82,19 +81,17 @@ def build_app(
     api_key: str | None = None,
     max_request_body_bytes: int = MAX_REQUEST_BODY_BYTES,
 ) -> FastAPI:
-    """The app over async_llm, whose engine is an LLM: its tokenizer, chat template and default sampling
-    parameters serve the requests. Requests naming another model get 404. /metrics reads a registry of this
-    app's own. With api_key, every route but /health, /metrics and the API's docs needs it (401)."""
-    llm: LLM = async_llm.engine
-    if llm.tokenizer is None:
+    """The app over async_llm's front end: its tokenizer, chat template and default sampling parameters serve the
+    requests. Requests naming another model get 404. /metrics reads a registry of this app's own. With api_key,
+    every route but /health, /metrics and the API's docs needs it (401)."""
+    processor, tokenizer = async_llm.processor, async_llm.tokenizer
+    if tokenizer is None:
         raise ValueError("the server needs the model's tokenizer (the engine has skip_tokenizer_init=True)")
     metrics = PrometheusStatLogger(model_name)
     async_llm.stat_loggers.append(metrics)
-    defaults = llm.get_default_sampling_params()
-    max_model_len = llm.config.max_model_len
-    # no token spells more characters than the longest piece of the vocabulary has (a byte-level piece has one
-    # character a byte, SentencePiece's "▁" is the space it spells), assuming no normalizer that deletes text
-    max_prompt_chars = max_model_len * max(map(len, llm.tokenizer.hf.get_vocab()))
+    defaults = processor.default_sampling_params()
+    max_model_len = async_llm.config.max_model_len
+    max_prompt_chars = max_model_len * processor.max_chars_per_token  # more cannot fit, whatever the text
     app = FastAPI(title="minillm", description=__doc__)
     if api_key:
         app.add_middleware(AuthenticationMiddleware, api_key=api_key)
@@ -121,7 +118,9 @@ def build_app(
         # a chat template adds text around the turns: the turns alone must fit already
         check_prompt_length(sum(len(m.text) for m in messages), max_prompt_chars, max_model_len, "messages")
         try:
-            return llm.encode_chat([m.as_dict() for m in messages], add_generation_prompt=add_generation_prompt)[0]
+            return processor.encode_chat([m.as_dict() for m in messages], add_generation_prompt=add_generation_prompt)[
+                0
+            ]
         except (ValueError, jinja2.TemplateError) as e:
             raise APIError(400, str(e), "messages") from None
 
@@ -139,7 +138,7 @@ def build_app(
 
     @app.get("/v1/models", responses=error_responses(*auth))
     async def models() -> ModelList:
-        card = ModelCard(id=model_name, root=str(llm.model_path), max_model_len=max_model_len)
+        card = ModelCard(id=model_name, root=str(processor.model_path), max_model_len=max_model_len)
         return ModelList(data=[card])
 
     @app.post("/tokenize", responses=error_responses(400, *auth, 404, 413))
@@ -150,21 +149,21 @@ def build_app(
         if request.messages is not None:
             tokens = encode_chat(request.messages, request.add_generation_prompt)
         else:
-            tokens = llm.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+            tokens = tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
         return TokenizeResponse(count=len(tokens), max_model_len=max_model_len, tokens=tokens)
 
     @app.post("/detokenize", responses=error_responses(400, *auth, 404, 413))
     async def detokenize(request: DetokenizeRequest) -> DetokenizeResponse:
         check_model(request.model)
-        if bad := [t for t in request.tokens if t >= llm.vocab_size]:
-            raise APIError(400, f"unknown token ids {bad[:5]}: ids must be in [0, {llm.vocab_size})", "tokens")
-        return DetokenizeResponse(prompt=llm.tokenizer.decode(request.tokens))
+        if bad := [t for t in request.tokens if t >= processor.vocab_size]:
+            raise APIError(400, f"unknown token ids {bad[:5]}: ids must be in [0, {processor.vocab_size})", "tokens")
+        return DetokenizeResponse(prompt=tokenizer.decode(request.tokens))
 
     @app.post("/v1/completions", response_model=CompletionResponse, **generate)
     @with_cancellation
     async def completions(request: CompletionRequest, raw_request: Request):
         check_model(request.model)
-        params = to_sampling_params(request, defaults, llm.vocab_size)
+        params = to_sampling_params(request, defaults, processor.vocab_size)
         if isinstance(request.prompt, str):
             check_prompt_length(len(request.prompt), max_prompt_chars, max_model_len, "prompt")
         stream = await add_request(async_llm, request.prompt, params, stop_strings(request), "prompt")
@@ -183,7 +182,7 @@ def build_app(
     @with_cancellation
     async def chat_completions(request: ChatCompletionRequest, raw_request: Request):
         check_model(request.model)
-        params = to_sampling_params(request, defaults, llm.vocab_size)
+        params = to_sampling_params(request, defaults, processor.vocab_size)
         prompt = encode_chat(request.messages)
         stream = await add_request(async_llm, prompt, params, stop_strings(request), "messages")
         if request.stream:
@@ -295,20 +294,19 @@ def engine_options(args) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    try:
-        llm = LLM(args.model, **engine_options(args))
+    try:  # the engine core in a process of its own, this one the front end
+        async_llm = AsyncLLM.from_engine_args(args.model, max_queue=args.max_queue, **engine_options(args))
     except KeyboardInterrupt:  # Ctrl-C while the model loads
         return 130
-    except (FileNotFoundError, ValueError) as e:  # no such checkpoint, or one minillm cannot run
+    except (FileNotFoundError, ValueError, RuntimeError) as e:  # no such checkpoint, one minillm cannot run
         print(f"python -m minillm.serve: {e}", file=sys.stderr)
         return 1
-    async_llm = AsyncLLM(llm, max_queue=args.max_queue)
     model_name = args.model or "default"
     app = build_app(async_llm, model_name, args.api_key, args.max_request_body_bytes)
     try:
         sock = listen(args.host, args.port)
     except OSError as e:
-        llm.close()
+        async_llm.close()
         print(f"python -m minillm.serve: cannot listen on {args.host}:{args.port}: {e.strerror}", file=sys.stderr)
         return 1
     host, port = sock.getsockname()[:2]
@@ -317,7 +315,7 @@ def main(argv=None) -> int:
     config = uvicorn.Config(app, host=host, port=port, lifespan="off", timeout_graceful_shutdown=5)
     print(f"minillm serves {model_name} at {url(sock)} (the OpenAI API under /v1; Ctrl-C stops)", flush=True)
     # uvicorn handles SIGINT and SIGTERM (finish the requests in flight, 5 s at most), then raises the signal again:
-    # SIGINT as KeyboardInterrupt, SIGTERM as this SystemExit, so that the engine thread and the engine close here
+    # SIGINT as KeyboardInterrupt, SIGTERM as this SystemExit, so that the engine core's process is stopped here
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
         uvicorn.Server(config).run(sockets=[sock])
@@ -325,7 +323,6 @@ def main(argv=None) -> int:
         pass
     finally:
         async_llm.close()
-        llm.close()
         sock.close()
     print("minillm server stopped", flush=True)
     return 0

@@ -2,7 +2,7 @@
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from minillm.engine.output_processor import IterationStats, SchedulerStats
+from minillm.metrics.stats import IterationStats, SchedulerStats
 
 # vLLM's buckets, in seconds; inter-token latency adds 1-5 ms ones, where a small model on a CPU decodes
 TIME_TO_FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
@@ -33,7 +33,7 @@ class PrometheusStatLogger:
             Counter, "vllm:prefix_cache_queries", "Prefix-cache queries, in prompt tokens looked up."
         )
         self.prefix_cache_hits = metric(Counter, "vllm:prefix_cache_hits", "Prefix-cache hits, in cached tokens.")
-        self.spec_decode = [  # speculative decoding (chapter 13), counted as in IterationStats.spec_decode
+        self.spec_decode = [  # speculative decoding (chapter 13), counted as in SchedulerStats.spec_decode
             metric(Counter, "vllm:spec_decode_num_drafts", "Verify runs: a request's drafts checked in one step."),
             metric(Counter, "vllm:spec_decode_num_draft_tokens", "Draft tokens verified."),
             metric(Counter, "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted."),
@@ -63,10 +63,10 @@ class PrometheusStatLogger:
         self.kv_cache_usage.set(scheduler_stats.kv_cache_usage)
         self.prompt_tokens.inc(iteration_stats.num_prompt_tokens)
         self.generation_tokens.inc(iteration_stats.num_generation_tokens)
-        self.num_preemptions.inc(iteration_stats.num_preempted_reqs)
+        self.num_preemptions.inc(scheduler_stats.num_preempted_reqs)
         self.prefix_cache_queries.inc(iteration_stats.prefix_cache_queries)
         self.prefix_cache_hits.inc(iteration_stats.prefix_cache_hits)
-        for counter, value in zip(self.spec_decode, iteration_stats.spec_decode):
+        for counter, value in zip(self.spec_decode, scheduler_stats.spec_decode):
             counter.inc(value)
         for histogram, values in (
             (self.time_to_first_token, iteration_stats.time_to_first_tokens_iter),

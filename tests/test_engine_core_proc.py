@@ -1,0 +1,133 @@
+"""The server as `python -m minillm.serve` runs it: the front end in one process, the engine core in another
+(MPClient, ZeroMQ). Killing the core mid-stream fails every client at once and turns /health to 503, with no process
+or socket left; killing the front end takes the core with it. Also: the front end's work (a 10 MB prompt) does not
+stall the streams that run."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find the core process")
+
+
+def children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def wait_until(condition, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def serve():
+    """`python -m minillm.serve` on a free loopback port: (process, url, core pid, the directory of its sockets);
+    stopped after the test."""
+    before = set(Path(tempfile.gettempdir()).glob("minillm-*"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "minillm.serve", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        for line in proc.stdout:
+            if match := re.search(r"at (http://\S+)", line):
+                break
+        else:
+            pytest.fail(f"the server did not start (exit code {proc.wait()})")
+        (core,) = children(proc.pid)
+        (sockets,) = set(Path(tempfile.gettempdir()).glob("minillm-*")) - before
+        threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep draining its log
+        yield proc, match.group(1), core, sockets
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+
+
+def stream(url: str, events: list, max_tokens: int = 400) -> None:
+    body = {"prompt": "Once upon a time", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append((time.monotonic(), line[6:]))
+
+
+def test_a_killed_engine_core_fails_every_stream_and_the_server_says_so(serve):
+    proc, url, core, sockets = serve
+    streams = [[] for _ in range(4)]
+    threads = [threading.Thread(target=stream, args=(url, events)) for events in streams]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: all(len(events) >= 2 for events in streams))
+    os.kill(core, signal.SIGKILL)
+    killed = time.monotonic()
+    for thread in threads:
+        thread.join(30)
+    for events in streams:
+        errors = [json.loads(data)["error"] for _, data in events if data.startswith('{"error"')]
+        assert errors and "engine core process died (exit code -9)" in errors[0]["message"], events[-3:]
+        assert errors[0]["code"] == 500 and events[-1][1] == "[DONE]"
+        assert events[-1][0] - killed < 5, "each client heard of it at once"
+    health = httpx.get(url + "/health")
+    assert health.status_code == 503 and "died" in health.json()["error"]["message"]
+    response = httpx.post(url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=30)
+    assert response.status_code in (500, 503) and "not serving" in response.json()["error"]["message"]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0 and not alive(core)
+    assert not sockets.exists(), "the sockets' directory is removed"
+
+
+def test_the_engine_core_dies_with_its_front_end(serve):
+    proc, url, core, _ = serve
+    assert httpx.post(url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}).status_code == 200
+    proc.kill()
+    proc.wait(10)
+    wait_until(lambda: not alive(core), timeout=10)
+
+
+def test_a_10_mb_prompt_does_not_stall_the_running_streams(serve):
+    """Refused by the front end (its body limit, or its character count: never tokenized) while four streams run:
+    their worst gap between two tokens while it arrives stays within twice their median gap."""
+    proc, url, core, _ = serve
+    body = json.dumps({"prompt": "Once upon a time " * (10 * 2**20 // 17), "max_tokens": 2}).encode()
+    streams = [[] for _ in range(4)]
+    threads = [threading.Thread(target=stream, args=(url, events, 150)) for events in streams]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: all(len(events) >= 10 for events in streams))
+    start = time.monotonic()
+    for _ in range(3):
+        headers = {"content-type": "application/json"}
+        refused = httpx.post(url + "/v1/completions", content=body, headers=headers, timeout=60)
+        assert refused.status_code in (400, 413)
+    end = time.monotonic()
+    for thread in threads:
+        thread.join(60)
+    for events in streams:
+        times = [t for t, data in events if data != "[DONE]" and json.loads(data).get("choices")][5:]
+        gaps = [(b, b - a) for a, b in zip(times, times[1:])]
+        median = sorted(g for _, g in gaps)[len(gaps) // 2]
+        during = [g for t, g in gaps if start <= t <= end + median]
+        assert during and max(during) <= 2 * median, (max(during), median)

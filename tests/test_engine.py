@@ -103,6 +103,27 @@ def test_a_decoding_request_preempts_a_partly_prefilled_one_and_generate_finishe
     assert llm.scheduler.num_preemptions > 0 and llm.block_manager.num_free_blocks == 10
 
 
+def test_a_preempted_request_comes_back_through_the_prefix_cache_with_its_tokens(reference):
+    """Two requests share a 16-token prefix; the cache is too small for both to grow, so the later one is preempted.
+    Recomputed, it finds its prefix (and its own full blocks) in the prefix cache, and its tokens are unchanged."""
+    path, _ = reference("qwen3-gqa-tied")
+    g = torch.Generator().manual_seed(7)
+    prefix = torch.randint(1, 256, (16,), generator=g).tolist()
+    prompts = [prefix + [5, 6], prefix + [7, 8, 9]]
+    params = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
+    llm = LLM(path, kvcache_block_size=4, num_kvcache_blocks=11, new_token_ratio=0.0)
+    seqs = [llm.add_request(p, params) for p in prompts]
+    preempted = []
+    preempt = llm.scheduler.preempt
+    llm.scheduler.preempt = lambda seq: preempted.append(seq) or preempt(seq)
+    while not llm.is_finished():
+        llm.step()
+    model = build_model(path)
+    assert [s.completion_token_ids for s in seqs] == [list(generate_naive(model, p, 14)) for p in prompts]
+    assert preempted and all(s.num_cached_tokens >= len(prefix) for s in preempted), "recomputed from the cache"
+    assert llm.block_manager.num_free_blocks == 11
+
+
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_contiguous_cache_equals_naive(reference, name):
     path, expected = reference(name)

@@ -105,6 +105,7 @@ class LLMEngine:
         return self.queue(self.processor.process(str(next(self.request_ids)), prompt, sampling_params, priority))
 
     def queue(self, request: EngineCoreRequest) -> Sequence:
+        """Hand a processed request to the engine core; its Sequence, kept to map the core's outputs back."""
         seq = self.seqs[request.request_id] = self.engine_core.add_request(request)
         return seq
 

@@ -9,6 +9,7 @@ import pytest
 
 from minillm import LLM, SamplingParams
 from minillm.engine.async_llm import AsyncLLM, EngineError, QueueFullError
+from minillm.engine.output_processor import DeltaOutput, OutputCollector
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24)
 LONG = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
@@ -216,3 +217,21 @@ def test_stats_count_tokens_latencies_and_preemptions(tiny_checkpoint):
     last = recorder.scheduler[-1]
     assert (last.num_running_reqs, last.num_waiting_reqs, last.kv_cache_usage) == (0, 0, 0)
     assert max(s.kv_cache_usage for s in recorder.scheduler) > 0.5
+
+
+def test_a_slow_reader_gets_what_it_missed_merged_into_one_output():
+    """What a reader has not taken yet is one merged output, not an object per step: its memory is the text."""
+
+    async def main():
+        collector = OutputCollector()
+        for i in range(1000):
+            collector.put(DeltaOutput(f"{i} ", [i]))
+        collector.put(DeltaOutput("end", [1000], "length"))
+        merged = await collector.get()
+        collector.put(EngineError("late"))
+        collector.put(DeltaOutput("ignored", [0]))  # an error is final
+        return merged, await collector.get()
+
+    merged, error = asyncio.run(main())
+    assert merged.token_ids == list(range(1001)) and merged.text.startswith("0 1 2 ") and merged.text.endswith("end")
+    assert merged.finish_reason == "length" and isinstance(error, EngineError)

@@ -90,7 +90,9 @@ class MPClient:
         await asyncio.wait([recv, self.dead], return_when=asyncio.FIRST_COMPLETED)
         if not recv.done():
             recv.cancel()
-            raise EngineDeadError(f"{self.error}: every unfinished request failed; restart the server")
+            raise EngineDeadError(
+                f"{self.error}: its unfinished requests failed; start a new engine (a server: restart it)"
+            )
         return self.decoder.decode(recv.result())
 
     def shutdown(self, timeout: float = 5) -> None:

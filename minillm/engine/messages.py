@@ -34,10 +34,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
-    """One step's outputs, a request each, with the scheduler's statistics after it; `utility` carries the answer to
-    a utility call (its call id, and its result or error) instead."""
+    """One step's outputs, a request each, with the scheduler's statistics after it and the tokens it computed."""
 
     outputs: list[EngineCoreOutput] = []
     scheduler_stats: SchedulerStats | None = None
     num_scheduled_tokens: int = 0
-    utility: tuple[int, str | None, object] | None = None  # (call id, error text or None, result)

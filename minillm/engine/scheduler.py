@@ -179,7 +179,7 @@ class Scheduler:
             n = max(0, min(len(seq.draft_token_ids), budget - total))
             while n and bm.num_blocks(len(seq) + n) - len(seq.block_table) > bm.num_free_blocks:
                 n -= 1
-            seq.spec_token_ids = seq.draft_token_ids[:n]
+            seq.spec_token_ids, seq.draft_token_ids = seq.draft_token_ids[:n], []  # taken into the plan
             bm.may_append(seq)
             seq.num_scheduled_tokens += n
             total += n

@@ -175,7 +175,7 @@ class Scheduler:
         """The second pass (chapter 13), once every running sequence has its own slot: the drafts each of `seqs` is to
         verify, from its `draft_token_ids` as far as `budget` and the free blocks allow; returns how many."""
         bm, total = self.block_manager, 0
-        for seq in seqs:
+        for seq in filter(lambda seq: seq.draft_token_ids, seqs):
             n = max(0, min(len(seq.draft_token_ids), budget - total))
             while n and bm.num_blocks(len(seq) + n) - len(seq.block_table) > bm.num_free_blocks:
                 n -= 1

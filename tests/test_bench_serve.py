@@ -96,7 +96,8 @@ def test_launch_minillm_every_request_generates_its_length_and_no_server_is_left
     (r,) = record["servers"]["minillm"]["results"]
     assert (r["completed"], r["failed"], r["output_lens"], r["errors"]) == (8, 0, [6] * 8, [""] * 8)
     assert r["num_output_tokens"] == 48 and r["num_input_tokens"] == 64 and r["request_goodput"] > 0
-    assert all(len(itl) == 5 for itl in r["itls"]) and all(0 < t <= e for t, e in zip(r["ttfts"], r["e2els"]))
+    # 6 tokens: 5 gaps, fewer where a lagging reader got tokens merged into one event (as vLLM's collector does)
+    assert all(1 <= len(itl) <= 5 for itl in r["itls"]) and all(0 < t <= e for t, e in zip(r["ttfts"], r["e2els"]))
     for key in ("requests_per_second", "output_tokens_per_second", "total_tokens_per_second", "elapsed_time"):
         assert r[key] > 0
     for metric in ("ttft", "tpot", "itl", "e2el"):

@@ -11,7 +11,6 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -39,13 +38,13 @@ def wait_until(condition, timeout=30.0):
         time.sleep(0.02)
 
 
-@contextmanager
-def running_server(*flags):
+@pytest.fixture
+def serve():
     """`python -m minillm.serve` on a free loopback port: (process, url, core pid, the directory of its sockets);
-    stopped on leaving."""
+    stopped after the test."""
     before = set(Path(tempfile.gettempdir()).glob("minillm-*"))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "minillm.serve", "--port", "0", *flags],
+        [sys.executable, "-m", "minillm.serve", "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -64,12 +63,6 @@ def running_server(*flags):
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
-
-
-@pytest.fixture
-def serve():
-    with running_server() as server:
-        yield server
 
 
 def stream(url: str, events: list, max_tokens: int = 400) -> None:

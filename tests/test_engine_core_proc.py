@@ -1,11 +1,14 @@
 """The server as `python -m minillm.serve` runs it: the front end in one process, the engine core in another
 (MPClient, ZeroMQ). Killing the core mid-stream fails every client at once and turns /health to 503, with no process
-or socket left; killing the front end takes the core with it."""
+or socket left; killing the front end takes the core with it; a 10 MB body sent while others stream is refused
+without slowing their tokens."""
 
 import json
 import os
 import re
 import signal
+import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -15,6 +18,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from minillm.models.hub import KNOWN_MODELS
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find the core process")
 
@@ -39,12 +44,13 @@ def wait_until(condition, timeout=30.0):
 
 
 @pytest.fixture
-def serve():
-    """`python -m minillm.serve` on a free loopback port: (process, url, core pid, the directory of its sockets);
-    stopped after the test."""
+def serve(request):
+    """`python -m minillm.serve` on a free loopback port (its model: the test's parameter, else the embedded one):
+    (process, url, core pid, the directory of its sockets); stopped after the test."""
+    model = ["--model", request.param] if hasattr(request, "param") else []
     before = set(Path(tempfile.gettempdir()).glob("minillm-*"))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "minillm.serve", "--port", "0"],
+        [sys.executable, "-m", "minillm.serve", "--port", "0", *model],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -104,3 +110,57 @@ def test_the_engine_core_dies_with_its_front_end(serve):
     proc.kill()
     proc.wait(10)
     wait_until(lambda: not alive(core), timeout=10)
+
+
+REAL_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def send(url: str, body: bytes) -> tuple[float, bytes]:
+    """POST a completion body as a client that sends it all before reading (what a careless client does): (seconds
+    until the server's answer and its closed connection, the answer's status line)."""
+    host, port = url.removeprefix("http://").split(":")
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    head += f"Content-Length: {len(body)}\r\n\r\n"
+    start = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head.encode())
+        try:
+            sock.sendall(body)
+        except OSError:  # the server answered and closed before reading it all: the point
+            pass
+        answer = b""
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except ConnectionResetError:
+            pass
+    return time.monotonic() - start, answer.split(b"\r\n")[0]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(KNOWN_MODELS[REAL_MODEL].source() is None, reason=KNOWN_MODELS[REAL_MODEL].pip)
+@pytest.mark.parametrize("serve", [REAL_MODEL], indirect=True)
+def test_a_10_mb_body_is_refused_without_delaying_running_streams(serve):
+    """Four streams on SmolLM2-135M; while they run, a client sends a 10 MB body. It gets 413 before the body is
+    read, and the connection is closed; each stream's worst gap between tokens around that time stays within 2x its
+    median gap (a body read, parsed or tokenized on the server's event loop would show as one long gap)."""
+    _, url, _, _ = serve
+    streams = [[] for _ in range(4)]
+    threads = [threading.Thread(target=stream, args=(url, events, 120)) for events in streams]
+    for thread in threads:
+        thread.start()
+    body = json.dumps({"prompt": "a" * 10_000_000, "max_tokens": 4}).encode()  # made first: the GIL is the streams'
+    wait_until(lambda: all(len(events) >= 20 for events in streams), timeout=120)
+    start = time.monotonic()
+    seconds, status = send(url, body)
+    end = time.monotonic()
+    for thread in threads:
+        thread.join(120)
+    assert status == b"HTTP/1.1 413 Request Entity Too Large" and seconds < 5
+    for events in streams:
+        times = [t for t, data in events if data != "[DONE]"]
+        assert len(times) == 120, "every stream ran to its end"
+        gaps = [(b - a, a, b) for a, b in zip(times, times[1:])]
+        median = statistics.median(gap for gap, _, _ in gaps)
+        during = [gap for gap, a, b in gaps if b >= start and a <= end + 0.5]  # and half a second after
+        assert during and max(during) <= 2 * median, (max(during), median)

@@ -266,10 +266,11 @@ def test_a_tiny_temperature_is_sampled_at_vllms_minimum_and_seeds_span_int64(ser
 
 
 def test_a_body_over_the_limit_gets_413_before_it_is_read(server):
-    """Declared too large (Content-Length), or sent in chunks that pass the limit: 413 in OpenAI's shape."""
+    """Declared too large (Content-Length), or sent in chunks that pass the limit: 413 in OpenAI's shape, and the
+    connection closed (the rest of the body is never read)."""
     body = json.dumps({"prompt": "a" * (1 << 20)}).encode()
     response = httpx.post(server.url + "/v1/completions", content=body, headers={"content-type": "application/json"})
-    assert response.status_code == 413
+    assert response.status_code == 413 and response.headers["connection"] == "close"
     error = response.json()["error"]
     assert error["type"] == "RequestTooLargeError" and f"has {len(body)} bytes" in error["message"]
     assert (
@@ -279,6 +280,7 @@ def test_a_body_over_the_limit_gets_413_before_it_is_read(server):
     chunks = (body[i : i + 65536] for i in range(0, len(body), 65536))  # no Content-Length: chunked encoding
     response = httpx.post(server.url + "/v1/completions", content=chunks, headers={"content-type": "application/json"})
     assert response.status_code == 413 and "at least" in response.json()["error"]["message"]
+    assert response.headers["connection"] == "close"
     assert post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2}).status_code == 200
 
 

@@ -18,6 +18,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from minillm.entrypoints.openai.serving import APIError
 
+# sent with a 413: the connection is closed once answered, so the rest of the body is never read (kept alive, the
+# server would go on reading and dropping it, between the running streams' tokens)
+CLOSE = {"Connection": "close"}
 PUBLIC_ENDPOINTS = ("/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")  # vLLM's
 
 
@@ -30,7 +33,7 @@ class RequestBodyLimitMiddleware:
             return await self.app(scope, receive, send)
         declared = Headers(scope=scope).get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_bytes:
-            return await self.too_large(int(declared)).response()(scope, receive, send)
+            return await self.too_large(int(declared)).response(CLOSE)(scope, receive, send)
         received = 0
 
         async def counted_receive():
@@ -41,7 +44,7 @@ class RequestBodyLimitMiddleware:
             received += len(message.get("body", b""))
             if received > self.max_bytes:
                 error = self.too_large(received, "at least ")
-                raise HTTPException(error.status, str(error))
+                raise HTTPException(error.status, str(error), CLOSE)
             return message
 
         await self.app(scope, counted_receive, send)

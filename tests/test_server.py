@@ -221,6 +221,10 @@ GT_EQ = "Input should be greater than or equal to"
         (CHAT, {"messages": [{"role": "user", "content": TOO_MANY_CHARS}]}, "messages", "5633 characters"),
         (CHAT, {"messages": [{"role": "user", "content": [{"type": "image"}]}]}, "messages", "'text', got 'image'"),
         (CHAT, {"messages": MESSAGES, "max_completion_tokens": 0}, "max_completion_tokens", f"{GT_EQ} 1"),
+        (C, {"prompt": PROMPT, "max_tokens": 512}, "max_tokens", "must be below max_model_len=512"),
+        # max_completion_tokens wins, but a max_tokens beyond the context is refused still, as the schema says
+        (CHAT, {"messages": MESSAGES, "max_tokens": 600, "max_completion_tokens": 2}, "max_tokens", "got 600"),
+        ("/tokenize", {"prompt": TOO_MANY_CHARS}, "prompt", "the prompt has 5633 characters"),
         ("/tokenize", {}, "prompt", "give either a prompt (text) or messages"),
         ("/tokenize", {"prompt": "a", "messages": MESSAGES}, "prompt", "not both"),
         ("/detokenize", {"tokens": [5, -1]}, "tokens", f"tokens.1: {GT_EQ} 0, got -1"),

@@ -47,6 +47,7 @@ from minillm.entrypoints.openai.protocol import (
 )
 from minillm.entrypoints.openai.serving import (
     APIError,
+    ModelLimits,
     add_request,
     check_prompt_length,
     collect,
@@ -97,7 +98,8 @@ def build_app(
         app.add_middleware(AuthenticationMiddleware, api_key=api_key)
     app.add_middleware(RequestBodyLimitMiddleware, max_bytes=max_request_body_bytes)  # the outermost: added last
     add_exception_handlers(app)
-    app.openapi = partial(openapi_schema, app, api_key is not None)
+    limits = ModelLimits(processor.vocab_size, max_model_len, max_prompt_chars)
+    app.openapi = partial(openapi_schema, app, api_key is not None, limits)
     auth = (401,) if api_key else ()
     generate = dict(  # what /v1/completions and /v1/chat/completions document
         responses={
@@ -149,6 +151,7 @@ def build_app(
         if request.messages is not None:
             tokens = encode_chat(request.messages, request.add_generation_prompt)
         else:
+            check_prompt_length(len(request.prompt), max_prompt_chars, max_model_len, "prompt")
             tokens = tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
         return TokenizeResponse(count=len(tokens), max_model_len=max_model_len, tokens=tokens)
 
@@ -163,7 +166,7 @@ def build_app(
     @with_cancellation
     async def completions(request: CompletionRequest, raw_request: Request):
         check_model(request.model)
-        params = to_sampling_params(request, defaults, processor.vocab_size)
+        params = to_sampling_params(request, defaults, limits)
         if isinstance(request.prompt, str):
             check_prompt_length(len(request.prompt), max_prompt_chars, max_model_len, "prompt")
         stream = await add_request(async_llm, request.prompt, params, stop_strings(request), "prompt")
@@ -182,7 +185,7 @@ def build_app(
     @with_cancellation
     async def chat_completions(request: ChatCompletionRequest, raw_request: Request):
         check_model(request.model)
-        params = to_sampling_params(request, defaults, processor.vocab_size)
+        params = to_sampling_params(request, defaults, limits)
         prompt = encode_chat(request.messages)
         stream = await add_request(async_llm, prompt, params, stop_strings(request), "messages")
         if request.stream:

@@ -3,13 +3,15 @@
 from fastapi import FastAPI
 
 from minillm.entrypoints.openai.middleware import is_public
+from minillm.entrypoints.openai.serving import ModelLimits
 
 BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
 
-def openapi_schema(app: FastAPI, with_api_key: bool) -> dict:
+def openapi_schema(app: FastAPI, with_api_key: bool, limits: ModelLimits) -> dict:
     """FastAPI's schema of the app, less what this server does not do (a 422: it answers 400, documented per
-    route), with integer bounds as integers, and with an API key, the bearer scheme of every non-public route."""
+    route), with integer bounds as integers, the served model's bounds, and with an API key, the bearer scheme of
+    every non-public route."""
     if app.openapi_schema is None:
         schema = FastAPI.openapi(app)  # builds and caches app.openapi_schema
         for path, operations in schema["paths"].items():
@@ -21,9 +23,33 @@ def openapi_schema(app: FastAPI, with_api_key: bool) -> dict:
         for name in ("HTTPValidationError", "ValidationError"):
             components["schemas"].pop(name, None)
         integer_bounds(components["schemas"])
+        model_bounds(components["schemas"], limits)
         if with_api_key:
             components["securitySchemes"] = {"APIKey": {"type": "http", "scheme": "bearer"}}
     return app.openapi_schema
+
+
+def model_bounds(schemas: dict, limits: ModelLimits) -> None:
+    """Publish the bounds that depend on the model, which the request models cannot know: a prompt's token ids and
+    /detokenize's below the vocabulary size, top_k at most that size, a prompt's characters (/tokenize's too) and
+    tokens and
+    max_tokens within the context. One rule is left to the field's description, as JSON Schema cannot relate two
+    fields: the prompt's tokens plus max_tokens fit max_model_len."""
+    vocab_size, max_model_len, max_prompt_chars = limits
+    completion, chat = schemas["CompletionRequest"]["properties"], schemas["ChatCompletionRequest"]["properties"]
+    text, token_ids = completion["prompt"]["anyOf"]
+    for text in (text, schemas["TokenizeRequest"]["properties"]["prompt"]["anyOf"][0]):
+        text["maxLength"] = max_prompt_chars
+    token_ids["maxItems"] = max_model_len - 1  # one token of the context is left to generate
+    for tokens in (token_ids, schemas["DetokenizeRequest"]["properties"]["tokens"]):
+        tokens["items"]["maximum"] = vocab_size - 1
+    for fields in (completion, chat):
+        fields["top_k"]["anyOf"][0]["maximum"] = vocab_size
+        for name in ("max_tokens", "max_completion_tokens"):
+            if name in fields:
+                fields[name]["anyOf"][0]["maximum"] = max_model_len - 1
+                fit = f"the prompt's tokens plus these fit the model's context ({max_model_len} tokens)"
+                fields[name]["description"] = "; ".join(filter(None, (fields[name].get("description"), fit)))
 
 
 def integer_bounds(node) -> None:

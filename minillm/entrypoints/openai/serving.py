@@ -5,6 +5,7 @@ import asyncio
 import dataclasses
 import functools
 from collections.abc import AsyncIterator, Callable
+from typing import NamedTuple
 
 from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
@@ -51,14 +52,27 @@ def error_responses(*statuses: int) -> dict:
     return {status: {"model": ErrorResponse, "description": ERRORS[status][1]} for status in statuses}
 
 
-def to_sampling_params(request: SamplingFields, defaults: SamplingParams, vocab_size: int) -> SamplingParams:
+class ModelLimits(NamedTuple):
+    """What the served model bounds: its vocabulary, its context (max_model_len tokens), and the characters that
+    many tokens can spell at most."""
+
+    vocab_size: int
+    max_model_len: int
+    max_prompt_chars: int
+
+
+def to_sampling_params(request: SamplingFields, defaults: SamplingParams, limits: ModelLimits) -> SamplingParams:
     """The request's sampling fields over the model's defaults (LLM.get_default_sampling_params), checked by
     SamplingParams itself: a bad value answers 400 with its message, naming the field. The protocol has checked
-    each field's bounds already; this adds the one that depends on the model, top_k against its vocabulary."""
-    if request.top_k is not None and request.top_k > vocab_size:
-        raise APIError(
-            400, f"top_k must be at most the vocabulary size ({vocab_size}; 0 = no limit), got {request.top_k}", "top_k"
-        )
+    each field's bounds already; this adds those that depend on the model (as /openapi.json publishes them): top_k
+    at most its vocabulary, max_tokens (either name, used or not) below its context."""
+    if request.top_k is not None and request.top_k > limits.vocab_size:
+        message = f"top_k must be at most the vocabulary size ({limits.vocab_size}; 0 = no limit), got {request.top_k}"
+        raise APIError(400, message, "top_k")
+    for name in ("max_tokens", "max_completion_tokens"):
+        if (value := getattr(request, name, None)) is not None and value >= limits.max_model_len:
+            message = f"{name} must be below max_model_len={limits.max_model_len} (the prompt needs a token), got {value}"
+            raise APIError(400, message, name)
     chosen = {name: getattr(request, name) for name in SAMPLING_FIELDS if getattr(request, name) is not None}
     given = getattr(request, "max_completion_tokens", None) is not None
     max_tokens_field = "max_completion_tokens" if given else "max_tokens"

@@ -71,7 +71,9 @@ def to_sampling_params(request: SamplingFields, defaults: SamplingParams, limits
         raise APIError(400, message, "top_k")
     for name in ("max_tokens", "max_completion_tokens"):
         if (value := getattr(request, name, None)) is not None and value >= limits.max_model_len:
-            message = f"{name} must be below max_model_len={limits.max_model_len} (the prompt needs a token), got {value}"
+            message = (
+                f"{name} must be below max_model_len={limits.max_model_len} (the prompt needs a token), got {value}"
+            )
             raise APIError(400, message, name)
     chosen = {name: getattr(request, name) for name in SAMPLING_FIELDS if getattr(request, name) is not None}
     given = getattr(request, "max_completion_tokens", None) is not None

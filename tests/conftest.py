@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 from checkpoints import make_checkpoint  # tests/ is on sys.path: this file lives there
@@ -8,6 +10,10 @@ pytest_plugins = ["minillm.course.pytest_plugin"]
 
 # The test models are tiny: one thread avoids OpenMP's start-up and hand-off costs on every small matmul.
 torch.set_num_threads(1)
+# One matmul path for the whole suite (and the servers and notebooks it starts): with "auto", which kernel each
+# layer gets would depend on how busy the machine was when it was timed. tests/test_autotune.py covers "auto",
+# tests/test_cpu_kernels.py the packed kernel, the tests with native_kernels=False F.linear.
+os.environ.setdefault("MINILLM_LINEAR_KERNEL", "packed")
 
 
 @pytest.fixture(scope="session")

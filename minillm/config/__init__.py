@@ -1,6 +1,7 @@
 """Configuration: the engine's settings (Config), and what a checkpoint's config.json says about the model
 (minillm.config.model) and speculative decoding's settings (minillm.config.speculative), as in vLLM's vllm/config/."""
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ def draft_model_path() -> Path:
 
 
 DTYPES = ("float32", "bfloat16", "float16")  # what the model may compute in
+LINEAR_KERNELS = ("auto", "packed", "torch")  # Config.linear_kernel
 QUANTIZATION_METHODS = ("int8", "gguf")  # Config.quantization (minillm.quantization)
 KV_CACHE_DTYPES = ("auto", "int8")  # Config.kv_cache_dtype
 
@@ -80,6 +82,10 @@ class Config:
     # the platform's own kernels for the other layers (minillm.platforms): on a CPU minillm's C++ ones (float32
     # matmuls on packed weights, RMSNorm, SiLU-and-mul, rotary), on CUDA the Triton RMSNorm; False: torch ops only
     native_kernels: bool = True
+    # on a CPU, the float32 matmuls: "auto" times minillm's packed kernel against F.linear on each weight shape at
+    # load and keeps the faster (minillm.utils.autotune; cached per CPU), "packed" or "torch" forces one; default:
+    # $MINILLM_LINEAR_KERNEL, else "auto"
+    linear_kernel: str | None = None
     skip_tokenizer_init: bool = False  # run on token ids alone: no tokenizer.json needed, outputs have no text
     # vLLM's name. True: every step runs op by op. False: decode steps are replayed per batch-size bucket
     # (minillm.engine.graphs): CUDA graphs on a GPU, steps compiled by torch.compile on a CPU. None: the device's
@@ -139,6 +145,13 @@ class Config:
                 f"quantization={self.quantization!r} runs on one rank only: set tensor_parallel_size=1, or drop "
                 "quantization to split the float weights across ranks"
             )
+        if self.linear_kernel is None:
+            self.linear_kernel = os.environ.get("MINILLM_LINEAR_KERNEL") or "auto"
+        if self.linear_kernel not in LINEAR_KERNELS:
+            raise ValueError(
+                f"linear_kernel (or $MINILLM_LINEAR_KERNEL) must be one of {', '.join(LINEAR_KERNELS)}, got "
+                f"{self.linear_kernel!r}"
+            )
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
 
@@ -148,6 +161,7 @@ __all__ = [
     "DEQUANTIZED_METHODS",
     "DTYPES",
     "KV_CACHE_DTYPES",
+    "LINEAR_KERNELS",
     "MODEL_TYPES",
     "QUANTIZATION_METHODS",
     "ROPE_TYPES",

@@ -61,6 +61,17 @@ def extension_name(isa: str, flags: list[str]) -> str:
     return f"minillm_cpu_{isa.lower()}_{digest.hexdigest()[:12]}"
 
 
+def build_flags() -> list[str]:
+    isa = torch.backends.cpu.get_cpu_capability()  # at::vec's instruction set, as torch's own kernels pick it
+    return ["-O3", "-march=native", "-fopenmp", f"-DCPU_CAPABILITY={isa}", f"-DCPU_CAPABILITY_{isa}"]
+
+
+@functools.cache
+def build_name() -> str:
+    """This build's extension_name: also the kernels' version where a choice between them is cached."""
+    return extension_name(torch.backends.cpu.get_cpu_capability(), build_flags())
+
+
 @functools.cache
 def cpu_kernels() -> bool:
     """Build and load the extension once; True when its ops (torch.ops.minillm_cpu.*) are ready, False (with one
@@ -72,12 +83,10 @@ def cpu_kernels() -> bool:
             import ninja
 
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-        isa = torch.backends.cpu.get_cpu_capability()  # at::vec's instruction set, as torch's own kernels pick it
-        flags = ["-O3", "-march=native", "-fopenmp", f"-DCPU_CAPABILITY={isa}", f"-DCPU_CAPABILITY_{isa}"]
         load(
-            extension_name(isa, flags),
+            build_name(),
             [str(s) for s in SOURCES],
-            extra_cflags=flags,
+            extra_cflags=build_flags(),
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
         )

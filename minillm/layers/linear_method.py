@@ -3,13 +3,23 @@ LinearMethodBase; the quantized ones are in minillm.quantization.methods). After
 kernel reads (one copy of each: the plain one is freed) and sets each layer's `kernel`."""
 
 import functools
+import sys
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from minillm.layers.cpu_kernels import embed_packed, linear_packed, pack_weights, release_freed_memory
+from minillm.layers.cpu_kernels import (
+    build_name,
+    embed_packed,
+    linear_packed,
+    pack_weight,
+    pack_weights,
+    release_freed_memory,
+)
 from minillm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from minillm.layers.linear import LinearBase
+from minillm.utils.autotune import KernelChoices, cpu_model
 
 
 class UnquantizedLinearMethod:
@@ -31,13 +41,23 @@ class PackedLinearMethod(UnquantizedLinearMethod):
     """minillm's C++ matmuls (minillm.layers.cpu_kernels) on float32 CPU weights packed once at load, which BLAS
     would repack on every call: a matrix-vector product for one or two rows that streams them at the memory's
     speed, a register-tiled product for more. Row-parallel shards included: under tensor parallelism each rank
-    packs its own shard and its partial product runs the same kernel (row_parallel_linear's `linear`)."""
+    packs its own shard and its partial product runs the same kernel (row_parallel_linear's `linear`).
+
+    Whether the packed kernel beats F.linear depends on the CPU, so with linear_kernel "auto" each weight shape is
+    timed both ways at load (minillm.utils.autotune, at the batch sizes of ROWS) and only the shapes where the
+    packed kernel wins are packed; "packed" packs every one."""
 
     name = "packed"
+    ROWS = [1, 2, 8, 32]  # batch 1 (chat), and decode batches of a busy server
+
+    def __init__(self, linear_kernel: str = "auto"):
+        self.linear_kernel = linear_kernel
+        self.choices: KernelChoices | None = None  # with "auto", once loaded: what was chosen, and the times
 
     def process_weights_after_loading(self, model: nn.Module) -> None:
-        """Every float32 weight a linear layer or the LM head multiplies by is replaced by its packed layout, the
-        tied embedding table included, which then looks rows up in it (unless the table is split across ranks)."""
+        """Every float32 weight a linear layer or the LM head multiplies by, of a shape where the packed kernel is
+        chosen, is replaced by its packed layout, the tied embedding table included, which then looks rows up in
+        it (unless the table is split across ranks)."""
         tables = {id(m.weight): m for m in model.modules() if type(m) is VocabParallelEmbedding}
         layers = [
             m
@@ -47,10 +67,34 @@ class PackedLinearMethod(UnquantizedLinearMethod):
             and m.weight.dtype == torch.float32
             and (id(m.weight) not in tables or tables[id(m.weight)].tp_size == 1)
         ]
+        if self.linear_kernel == "auto":
+            packed_shapes = self.choose({tuple(m.weight.shape): m.weight for m in layers})
+            layers = [m for m in layers if tuple(m.weight.shape) in packed_shapes]
         for layer, packed in zip(layers, pack_weights([m.weight for m in layers])):
             weight, layer.weight = layer.weight, nn.Parameter(packed, requires_grad=False)
             layer.kernel = functools.partial(linear_packed, out_features=weight.shape[0])
             if id(weight) in tables:  # tied: the embedding reads its rows out of the packed table
                 tables[id(weight)].weight, tables[id(weight)].kernel = layer.weight, embed_packed
-        del weight
+            del weight
         release_freed_memory()
+
+    def choose(self, weights: dict[tuple, torch.Tensor]) -> set[tuple]:
+        """The shapes (out, in) where the packed kernel ran faster than F.linear, timed on one weight of each
+        shape (and a packed copy of it, freed after); says what it chose when it had to time anything."""
+        self.choices = choices = KernelChoices(build_name())
+        chosen = set()
+        for shape, weight in weights.items():
+
+            def candidates(weight=weight, out=shape[0]):
+                x, packed = torch.randn(max(self.ROWS), weight.shape[1]), pack_weight(weight)
+                return {
+                    "packed": lambda n: linear_packed(x[:n], packed, out_features=out),
+                    "torch": lambda n: F.linear(x[:n], weight),
+                }
+
+            if choices.choose("linear", shape, self.ROWS, candidates) == "packed":
+                chosen.add(shape)
+        if choices.timed:
+            print(f"minillm: linear kernels timed on {cpu_model()}, cached in {choices.path}:", file=sys.stderr)
+            print(choices.summary(), file=sys.stderr)
+        return chosen

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minillm.models.gguf import convert_gguf
+from minillm.utils.cache import cache_dir
 
 
 @dataclass(frozen=True)
@@ -44,13 +45,6 @@ KNOWN_MODELS = {
 CHECKPOINT_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json")
 REQUIRED_FILES = CHECKPOINT_FILES[:3]  # a GGUF of token ids alone (bench.gguf_export) has no tokenizer
 FORMAT = 2  # of what convert_gguf writes; a directory converted by an older minillm is converted again
-
-
-def cache_dir() -> Path:
-    """Where converted checkpoints live: $MINILLM_CACHE, else $XDG_CACHE_HOME/minillm, else ~/.cache/minillm."""
-    if os.environ.get("MINILLM_CACHE"):
-        return Path(os.environ["MINILLM_CACHE"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "minillm"
 
 
 def checkpoint_dir(model_id: str) -> Path:

@@ -71,7 +71,8 @@ def select_platform(config: Config, dtype: torch.dtype, tp_size: int = 1, local_
     if config.quantization:
         linear_method = get_linear_method(config.quantization, "cpu" if native and dtype == torch.float32 else "torch")
     else:
-        linear_method = PackedLinearMethod() if native and dtype == torch.float32 else UnquantizedLinearMethod()
+        packs = native and dtype == torch.float32 and config.linear_kernel != "torch"
+        linear_method = PackedLinearMethod(config.linear_kernel) if packs else UnquantizedLinearMethod()
     return Platform(
         device,
         backend,

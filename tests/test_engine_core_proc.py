@@ -105,14 +105,11 @@ def test_a_killed_engine_core_fails_every_stream_and_the_server_says_so(serve):
 
 
 def test_the_engine_core_dies_with_its_front_end(serve):
-    """kill -9 of the front end: the core stops (the kernel signals it) and removes the sockets the front end
-    could not."""
-    proc, url, core, sockets = serve
+    proc, url, core, _ = serve
     assert httpx.post(url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}).status_code == 200
     proc.kill()
     proc.wait(10)
     wait_until(lambda: not alive(core), timeout=10)
-    wait_until(lambda: not sockets.exists(), timeout=10)
 
 
 REAL_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-from pathlib import Path
 
 import msgspec
 import zmq
@@ -138,7 +137,6 @@ def run_engine_core(config, path, eos_token_ids, input_address: str, output_addr
     """Build the EngineCore, then serve the front end until it says stop or goes away."""
     from minillm.engine.core import EngineCore
 
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a stop (or the parent's death): the finally runs
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the front end's to handle: it stops the core
     context = zmq.Context()
@@ -175,22 +173,18 @@ def run_engine_core(config, path, eos_token_ids, input_address: str, output_addr
                 output_socket.send(encoder.encode(core.step()))
             elif busy:  # idle again (aborts): the queues and the cache as they are now
                 output_socket.send(encoder.encode(EngineCoreOutputs(scheduler_stats=core.stats())))
-    except Exception as e:
+    except BaseException as e:
         print(f"minillm engine core: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         raise
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the cleanup runs whole
-        if os.getppid() != parent_pid:  # the front end died without removing the sockets' directory: do it
-            shutil.rmtree(Path(input_address.removeprefix("ipc://")).parent, ignore_errors=True)
         core.close()
         context.destroy(linger=0)
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """On Linux, have the kernel stop this process when its parent dies (even by kill -9): SIGTERM, whose handler
-    exits through run_engine_core's cleanup."""
+    """On Linux, have the kernel kill this process when its parent dies (even by kill -9)."""
     if sys.platform.startswith("linux"):
         PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != parent_pid:  # the parent died before the call
             os._exit(0)

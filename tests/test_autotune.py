@@ -8,11 +8,11 @@ import time
 import pytest
 
 from minillm import LLM, SamplingParams
-from minillm.config import Config
+from minillm.config import PACKED_PREFETCH, Config
 from minillm.layers import linear_method
 from minillm.layers.linear import LinearBase
 from minillm.utils import autotune
-from minillm.utils.autotune import KernelChoices, fastest_runs, pick
+from minillm.utils.autotune import KernelChoices, fastest_runs, from_memory, last_level_cache_bytes, pick
 
 
 def fake(seconds: float):
@@ -64,7 +64,8 @@ def test_pick_weighs_every_batch_size_alike():
 def test_fastest_runs_interleaves_the_candidates():
     order = []
     fastest_runs([lambda: order.append("a"), lambda: order.append("b")], budget=0.0, min_rounds=3)
-    assert order == ["a", "b"] * 4  # a warm-up each, then rounds of one run of each
+    assert order == ["a", "b", "a", "b", "b", "a", "a", "b"]  # a warm-up each, then rounds of one run of each,
+    # each round starting one candidate later
 
 
 def test_a_forced_choice_is_obeyed_and_a_bad_one_named(monkeypatch):
@@ -99,18 +100,21 @@ def test_auto_times_each_shape_once_says_so_and_packs_where_packed_won(monkeypat
     monkeypatch.setenv("MINILLM_CACHE", str(tmp_path))
     calls = []
 
-    def made_up(runs, *args, **kwargs):  # the candidates in turn: packed, torch
+    def made_up(runs, *args, **kwargs):  # the candidates in turn: the packed variants, then torch
         calls.append(len(runs))
-        return [1.0, 2.0]
+        return [1.0] + [2.0] * (len(runs) - 1)
 
     monkeypatch.setattr(autotune, "fastest_runs", made_up)
     layers = linear_layers(LLM(num_kvcache_blocks=8, linear_kernel="auto"))
     shapes = {shape_of(m) for m in layers}
-    assert len(calls) == len(shapes) * len(linear_method.PackedLinearMethod.ROWS) and set(calls) == {2}
+    assert len(calls) == len(shapes) * len(linear_method.PackedLinearMethod.ROWS)
+    assert set(calls) == {len(PACKED_PREFETCH) + 1}
     assert all(m.weight.dim() == 3 for m in layers)
     err = capsys.readouterr().err
     assert f"minillm: linear kernels timed on {autotune.cpu_model()}, cached in {tmp_path}" in err
-    assert all(f"linear {o}x{i}: packed (at batch 1,2,8,32: torch 2.00x 2.00x 2.00x 2.00x)" in err for o, i in shapes)
+    for o, i in shapes:  # the GB/s of 1 s for the weight's bytes, then every other candidate
+        assert f"linear {o}x{i}: packed, {o * i * 4 / 1e9:.1f} GB/s at batch 1 (at batch 1,2,8,32: " in err
+        assert "; torch 2.00x 2.00x 2.00x 2.00x)" in err
 
 
 def test_auto_reuses_the_cached_choices_and_keeps_plain_weights_where_torch_won(monkeypatch, tmp_path):
@@ -121,12 +125,14 @@ def test_auto_reuses_the_cached_choices_and_keeps_plain_weights_where_torch_won(
     shapes = sorted({shape_of(m) for m in linear_layers(reference)})
     key = f"{autotune.cpu_model()} | {linear_method.build_name()} | linear"
     table = {f"{key} {o}x{i}": {"choice": "torch", "rows": [1], "seconds": {}} for o, i in shapes}
-    table[f"{key} {shapes[0][0]}x{shapes[0][1]}"]["choice"] = "packed"
+    table[f"{key} {shapes[0][0]}x{shapes[0][1]}"]["choice"] = "packed-t0"
     (tmp_path / "kernel-choices.json").write_text(json.dumps(table))
     monkeypatch.setattr(autotune, "fastest_runs", lambda *a: pytest.fail("a cached choice was timed again"))
     llm = LLM(num_kvcache_blocks=16, linear_kernel="auto")
     for m in linear_layers(llm):
         assert (m.weight.dim() == 3) == (shape_of(m) == shapes[0]), shape_of(m)
+        if m.weight.dim() == 3:  # the chosen variant's prefetch
+            assert m.kernel.keywords["prefetch"] == PACKED_PREFETCH["packed-t0"]
     params = SamplingParams(temperature=0, max_tokens=24)
     prompts = ["Once upon a time", "Lily and Max went"]
     assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == [
@@ -142,8 +148,10 @@ def test_auto_times_the_real_kernels(monkeypatch, tmp_path, tiny_checkpoint):
     assert {shape_of(m) for m in linear_layers(llm)} == {
         tuple(map(int, key.rsplit(" ", 1)[1].split("x"))) for key in table
     }
-    for entry in table.values():
-        assert set(entry["seconds"]) == {"packed", "torch"} and entry["choice"] in ("packed", "torch")
+    for key, entry in table.items():
+        out, inputs = map(int, key.rsplit(" ", 1)[1].split("x"))
+        assert set(entry["seconds"]) == {*PACKED_PREFETCH, "torch"} and entry["choice"] in entry["seconds"]
+        assert entry["bytes"] == 4 * out * inputs  # a float32 weight's bytes: the summary's GB/s
         assert all(0 < t < 1 for times in entry["seconds"].values() for t in times)
     reference = LLM(tiny_checkpoint, num_kvcache_blocks=16, linear_kernel="torch", skip_tokenizer_init=True)
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -151,3 +159,35 @@ def test_auto_times_the_real_kernels(monkeypatch, tmp_path, tiny_checkpoint):
     assert [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == [
         o.token_ids for o in reference.generate(prompts, params, use_tqdm=False)
     ]
+
+
+def test_each_prefetch_variant_of_the_packed_kernel_computes_f_linear():
+    import torch
+    import torch.nn.functional as F
+
+    from minillm.layers.cpu_kernels import cpu_kernels, linear_packed, pack_weight
+
+    if not cpu_kernels():
+        pytest.skip("the C++ kernels do not build here")
+    weight, bias = torch.randn(100, 64), torch.randn(100)
+    packed = pack_weight(weight)
+    for rows in (1, 2, 5):  # the matrix-vector stream (1, 2 rows) prefetches; the tile does not
+        x = torch.randn(rows, 64)
+        for prefetch in PACKED_PREFETCH.values():
+            y = linear_packed(x, packed, bias, out_features=100, prefetch=prefetch)
+            torch.testing.assert_close(y, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match=r"prefetch hint 0 \(none\), 1 \(t0\) or 2 \(nta\)"):
+        linear_packed(x[:1], packed, out_features=100, prefetch=(3, 0))
+
+
+def test_from_memory_cycles_through_copies_that_fill_twice_the_last_level_cache(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(autotune, "last_level_cache_bytes", lambda: 1000)
+    tensor = torch.arange(25, dtype=torch.float32)  # 100 bytes: 20 copies make 2000
+    nxt = from_memory(tensor)
+    seen = [nxt() for _ in range(21)]
+    assert len({t.data_ptr() for t in seen}) == 20 and seen[20].data_ptr() == seen[0].data_ptr()
+    assert all(torch.equal(t, tensor) for t in seen)
+    if autotune.Path("/sys/devices/system/cpu/cpu0/cache").is_dir():
+        assert last_level_cache_bytes() >= 1 << 20  # this machine's largest cache, from sysfs

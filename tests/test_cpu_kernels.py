@@ -241,7 +241,7 @@ def test_pack_weight_lays_out_panels_of_output_features():
 @pytest.mark.parametrize("rows", [1, 4])
 def test_linear_rejects_a_weight_not_packed(rows):
     with pytest.raises(RuntimeError, match="packed by cpu_kernels.pack_weight"):
-        torch.ops.minillm_cpu.linear(torch.randn(rows, 8), torch.randn(16, 8), None, 16)
+        torch.ops.minillm_cpu.linear(torch.randn(rows, 8), torch.randn(16, 8), None, 16, 2, 2048)
 
 
 def test_linear_keeps_leading_dimensions_and_takes_strided_rows():

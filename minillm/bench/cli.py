@@ -187,8 +187,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     modes.add_argument(
         "--roofline-bytes",
         **n,
-        default=2**30,
-        help="--roofline: size of the array streamed to measure bandwidth (default 1 GiB)",
+        help="--roofline: size of the array streamed to measure bandwidth (default 1 GiB or 4x the last-level "
+        "cache, the larger)",
     )
     o = p.add_argument_group("output")
     o.add_argument(

@@ -9,14 +9,27 @@ here: streaming an array far larger than the last-level cache, and a large fp32 
 import time
 
 import torch
+import torch.nn.functional as F
 
 from minillm.bench import llamacpp, workloads
 from minillm.bench.backends import Models, run_minillm
 from minillm.bench.models import num_parameters
 from minillm.bench.models import weight_bytes as model_weight_bytes
-from minillm.config import Config, ModelConfig, resolve_dtype
+from minillm.config import PACKED_PREFETCH, Config, ModelConfig, resolve_dtype
 from minillm.engine.kv_cache import kv_cache_bytes_per_token
-from minillm.layers.cpu_kernels import cpu_kernels, empty_packed, linear_cpu, pack_weight
+from minillm.layers.cpu_kernels import cpu_kernels, empty_packed, linear_cpu, linear_packed, pack_weight
+from minillm.utils.autotune import cpu_model, last_level_cache_bytes
+
+MATVEC_METHODS = {"torch_matvec_gb_s": "F.linear matrix-vector", "matvec_gb_s": "packed matrix-vector"}
+
+
+def describe(bandwidth: dict) -> str:
+    """memory_bandwidth's result in one line: each method's GB/s and the array's size."""
+    matvec = "".join(f", {bandwidth[key]:.1f} GB/s {name}" for key, name in MATVEC_METHODS.items() if key in bandwidth)
+    return (
+        f"{bandwidth['read_gb_s']:.1f} GB/s sum, {bandwidth['copy_gb_s']:.1f} GB/s copy{matvec} "
+        f"({bandwidth['array_bytes'] / 2**30:.2f} GiB array)"
+    )
 
 
 def best_seconds(fn, repeats: int, device: str = "cpu") -> float:
@@ -35,11 +48,14 @@ def best_seconds(fn, repeats: int, device: str = "cpu") -> float:
 
 
 @torch.inference_mode()
-def memory_bandwidth(nbytes: int = 2**30, repeats: int = 5, device: str = "cpu") -> dict:
-    """GB/s streaming an fp32 array of nbytes on `device`, best of several: read by a sum, read as a matrix by a
-    matrix-vector product (on a CPU, the CPU backend's matmul kernel, where it is built: the fastest read found
-    here), and copied (read + write). The fastest of them, gb_s, is the ceiling decode is measured against. The
-    matrix is a packed weight, in 2 MiB pages, as the engine's are."""
+def memory_bandwidth(nbytes: int | None = None, repeats: int = 5, device: str = "cpu") -> dict:
+    """GB/s streaming an fp32 array of nbytes on `device` (default: 1 GiB or four times the last-level cache, the
+    larger, so that no method reads from the cache), best of several: read by a sum, copied (read + write), and on a
+    CPU read as a matrix by a matrix-vector product, torch's (F.linear) and, where built, the CPU backend's packed
+    kernel with each of its prefetches (a packed weight in 2 MiB pages, as the engine's are). Which method is
+    fastest differs between CPUs; the fastest, gb_s, is the ceiling decode is measured against."""
+    on_cpu = torch.device(device).type == "cpu"
+    nbytes = nbytes or max(2**30, 4 * last_level_cache_bytes() if on_cpu else 0)
     a = torch.ones(nbytes // 4, device=device)
     b = torch.empty_like(a)
     result = dict(
@@ -47,11 +63,18 @@ def memory_bandwidth(nbytes: int = 2**30, repeats: int = 5, device: str = "cpu")
         read_gb_s=nbytes / best_seconds(a.sum, repeats, device) / 1e9,
         copy_gb_s=2 * nbytes / best_seconds(lambda: b.copy_(a), repeats, device) / 1e9,
     )
-    if a.is_cpu and cpu_kernels():
+    if on_cpu:
+        del b
         out = nbytes // 4 // 4096
-        w, packed = a[: out * 4096].view(out, 4096), empty_packed(out, 4096).fill_(1.0)
-        x = torch.ones(1, 4096)
-        result["matvec_gb_s"] = packed.numel() * 4 / best_seconds(lambda: linear_cpu(x, w, None, packed), repeats) / 1e9
+        w, x = a[: out * 4096].view(out, 4096), torch.ones(1, 4096)
+        result["torch_matvec_gb_s"] = w.nbytes / best_seconds(lambda: F.linear(x, w), repeats) / 1e9
+    if on_cpu and cpu_kernels():
+        del a, w
+        packed = empty_packed(out, 4096).fill_(1.0)
+        result["matvec_gb_s"] = max(
+            packed.nbytes / best_seconds(lambda: linear_packed(x, packed, out_features=out, prefetch=p), repeats) / 1e9
+            for p in PACKED_PREFETCH.values()
+        )
     return result | dict(gb_s=max(v for name, v in result.items() if name.endswith("_gb_s")))
 
 
@@ -96,21 +119,32 @@ def run(path, engine_options: dict, pool: list[int], args) -> dict:
     config = ModelConfig.from_pretrained(path)
     dtype = getattr(torch, resolve_dtype(engine_options.get("dtype", Config.dtype), args.device, config.dtype))
     cuda = torch.device(args.device).type == "cuda"
-    bandwidth = memory_bandwidth(args.roofline_bytes, device=args.device)
+    before = memory_bandwidth(args.roofline_bytes, device=args.device)
     matmul = matmul_flops(8192 if cuda else 2048, device=args.device, dtype=dtype)
-    matvec = f", {bandwidth['matvec_gb_s']:.1f} GB/s matrix-vector" if "matvec_gb_s" in bandwidth else ""
     packed = f", {matmul['packed_flops'] / 1e9:.1f} packed" if "packed_flops" in matmul else ""
     print(
-        f"memory bandwidth: {bandwidth['read_gb_s']:.1f} GB/s sum, {bandwidth['copy_gb_s']:.1f} GB/s copy{matvec} "
-        f"({bandwidth['array_bytes'] / 2**30:.2f} GiB array); {str(dtype)[6:]} matmul: {matmul['mm_flops'] / 1e9:.1f} GFLOP/s "
+        f"memory bandwidth: {describe(before)}; {str(dtype)[6:]} matmul: {matmul['mm_flops'] / 1e9:.1f} GFLOP/s "
         f"torch.mm{packed}"
     )
     params = num_parameters(path)
     models = Models(path, engine_options)
+    choices = getattr(models.compiled_engine.model_runner.platform.linear_method, "choices", None)
+    if choices is not None:  # the kernels the engine chose for this CPU, and what it measured
+        print(f"linear kernels on {cpu_model()}:\n{choices.summary()}")
     weight_bytes = model_weight_bytes(models.compiled_engine.model_runner.model)  # as stored: quantized or not
     # batch 1: each token reads every weight and its request's KV cache, on average half-way through the output
     kv_bytes = (args.input_len + args.output_len / 2) * kv_cache_bytes_per_token(config, dtype)
     one = decode_rate(models, 1, pool, args)
+    after = memory_bandwidth(args.roofline_bytes, device=args.device)  # a shared machine's bandwidth moves
+    bandwidth = {key: max(value, after[key]) for key, value in before.items()} | dict(
+        before_gb_s=before["gb_s"], after_gb_s=after["gb_s"]
+    )
+    print(f"memory bandwidth again, after batch-1 decode: {describe(after)}; the best of both counts")
+    if max(before["gb_s"], after["gb_s"]) > 1.15 * min(before["gb_s"], after["gb_s"]):
+        print(
+            "  (the bandwidth changed by more than 15% during the run: another load shares this machine's memory, "
+            "and the fractions below are uncertain; run again with --repeats 3)"
+        )
     one |= dict(
         weight_bytes_per_token=weight_bytes,
         kv_bytes_per_token=kv_bytes,
@@ -131,6 +165,7 @@ def run(path, engine_options: dict, pool: list[int], args) -> dict:
     )
     record = dict(
         roofline=dict(memory_bandwidth=bandwidth, matmul=matmul, num_parameters=params, batch_1=one, batched=many)
+        | (dict(kernel_choices=choices.made) if choices is not None else {})
     )
     if getattr(args, "peer", None) == "llama-cpp":  # a warm-up prompt, then 5: medians of 5
         prompts = workloads.fixed(6, args.input_len, args.output_len, pool, args.seed + 2).prompts

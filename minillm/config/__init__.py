@@ -32,7 +32,10 @@ def draft_model_path() -> Path:
 
 
 DTYPES = ("float32", "bfloat16", "float16")  # what the model may compute in
-LINEAR_KERNELS = ("auto", "packed", "torch")  # Config.linear_kernel
+# The packed matmul's variants: how its matrix-vector product prefetches the weight, as (hint, bytes ahead) with
+# linear_cpu.cpp's hints 0 none, 1 t0 (into every cache level), 2 nta (data read once). "packed" is the default.
+PACKED_PREFETCH = {"packed": (2, 2048), "packed-nta-8k": (2, 8192), "packed-t0": (1, 2048), "packed-none": (0, 0)}
+LINEAR_KERNELS = ("auto", *PACKED_PREFETCH, "torch")  # Config.linear_kernel
 QUANTIZATION_METHODS = ("int8", "gguf")  # Config.quantization (minillm.quantization)
 KV_CACHE_DTYPES = ("auto", "int8")  # Config.kv_cache_dtype
 
@@ -82,9 +85,9 @@ class Config:
     # the platform's own kernels for the other layers (minillm.platforms): on a CPU minillm's C++ ones (float32
     # matmuls on packed weights, RMSNorm, SiLU-and-mul, rotary), on CUDA the Triton RMSNorm; False: torch ops only
     native_kernels: bool = True
-    # on a CPU, the float32 matmuls: "auto" times minillm's packed kernel against F.linear on each weight shape at
-    # load and keeps the faster (minillm.utils.autotune; cached per CPU), "packed" or "torch" forces one; default:
-    # $MINILLM_LINEAR_KERNEL, else "auto"
+    # on a CPU, the float32 matmuls: "auto" times minillm's packed kernel (each prefetch of PACKED_PREFETCH) against
+    # F.linear on each weight shape at load and keeps the fastest (minillm.utils.autotune; cached per CPU); a name of
+    # LINEAR_KERNELS ("packed", "torch", ...) forces one; default: $MINILLM_LINEAR_KERNEL, else "auto"
     linear_kernel: str | None = None
     skip_tokenizer_init: bool = False  # run on token ids alone: no tokenizer.json needed, outputs have no text
     # vLLM's name. True: every step runs op by op. False: decode steps are replayed per batch-size bucket
@@ -163,6 +166,7 @@ __all__ = [
     "KV_CACHE_DTYPES",
     "LINEAR_KERNELS",
     "MODEL_TYPES",
+    "PACKED_PREFETCH",
     "QUANTIZATION_METHODS",
     "ROPE_TYPES",
     "SPECULATIVE_METHODS",

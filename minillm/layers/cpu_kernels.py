@@ -32,6 +32,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from minillm.config import PACKED_PREFETCH
+
 SOURCES = [
     Path(__file__).parents[1] / "kernels" / "csrc" / name
     for name in (
@@ -104,7 +106,7 @@ def cpu_kernels() -> bool:
     torch.library.register_fake("minillm_cpu::decode_attention")(lambda q, *args: torch.empty_like(q))
     torch.library.register_fake("minillm_cpu::paged_decode_attention_int8")(lambda q, *args: torch.empty_like(q))
     torch.library.register_fake("minillm_cpu::decode_attention_int8")(lambda q, *args: torch.empty_like(q))
-    torch.library.register_fake("minillm_cpu::linear")(lambda x, packed, b, out: x.new_empty(x.shape[0], out))
+    torch.library.register_fake("minillm_cpu::linear")(lambda x, packed, b, out, *_: x.new_empty(x.shape[0], out))
     torch.library.register_fake("minillm_cpu::quant_linear")(
         lambda x, w, s, b, qtype, out: x.new_empty(x.shape[0], out)
     )
@@ -219,12 +221,19 @@ def empty_packed(out: int, inputs: int) -> torch.Tensor:
 
 
 def linear_packed(
-    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None, *, out_features: int
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    out_features: int,
+    prefetch: tuple[int, int] = PACKED_PREFETCH["packed"],
 ) -> torch.Tensor:
     """F.linear(x, weight, bias) for float32 CPU tensors by the C++ kernel on packed = pack_weight(weight): a
-    matrix-vector product for one or two rows of x (its leading dimensions flattened), a register-tiled matmul
-    for more. Call `cpu_kernels()` first."""
-    y = torch.ops.minillm_cpu.linear(x.reshape(-1, x.shape[-1]).contiguous(), packed, bias, out_features)
+    matrix-vector product for one or two rows of x (its leading dimensions flattened), prefetching the weight as
+    `prefetch` says (hint, bytes ahead: config.PACKED_PREFETCH), a register-tiled matmul for more. Call
+    `cpu_kernels()` first."""
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    y = torch.ops.minillm_cpu.linear(rows, packed, bias, out_features, *prefetch)
     return y.view(*x.shape[:-1], out_features)
 
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minillm.config import PACKED_PREFETCH
 from minillm.layers.cpu_kernels import (
     build_name,
     embed_packed,
@@ -19,7 +20,7 @@ from minillm.layers.cpu_kernels import (
 )
 from minillm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from minillm.layers.linear import LinearBase
-from minillm.utils.autotune import KernelChoices, cpu_model
+from minillm.utils.autotune import KernelChoices, cpu_model, from_memory
 
 
 class UnquantizedLinearMethod:
@@ -43,9 +44,9 @@ class PackedLinearMethod(UnquantizedLinearMethod):
     speed, a register-tiled product for more. Row-parallel shards included: under tensor parallelism each rank
     packs its own shard and its partial product runs the same kernel (row_parallel_linear's `linear`).
 
-    Whether the packed kernel beats F.linear depends on the CPU, so with linear_kernel "auto" each weight shape is
-    timed both ways at load (minillm.utils.autotune, at the batch sizes of ROWS) and only the shapes where the
-    packed kernel wins are packed; "packed" packs every one."""
+    Whether the packed kernel beats F.linear, and with which prefetch, depends on the CPU, so with linear_kernel
+    "auto" each weight shape is timed every way at load (minillm.utils.autotune, at the batch sizes of ROWS) and
+    only the shapes where a packed variant wins are packed; a forced variant ("packed", ...) packs every one."""
 
     name = "packed"
     ROWS = [1, 2, 8, 32]  # batch 1 (chat), and decode batches of a busy server
@@ -67,34 +68,39 @@ class PackedLinearMethod(UnquantizedLinearMethod):
             and m.weight.dtype == torch.float32
             and (id(m.weight) not in tables or tables[id(m.weight)].tp_size == 1)
         ]
-        if self.linear_kernel == "auto":
-            packed_shapes = self.choose({tuple(m.weight.shape): m.weight for m in layers})
-            layers = [m for m in layers if tuple(m.weight.shape) in packed_shapes]
+        shapes = {tuple(m.weight.shape): m.weight for m in layers}
+        kernels = self.choose(shapes) if self.linear_kernel == "auto" else dict.fromkeys(shapes, self.linear_kernel)
+        layers = [m for m in layers if kernels[tuple(m.weight.shape)] != "torch"]
         for layer, packed in zip(layers, pack_weights([m.weight for m in layers])):
             weight, layer.weight = layer.weight, nn.Parameter(packed, requires_grad=False)
-            layer.kernel = functools.partial(linear_packed, out_features=weight.shape[0])
+            prefetch = PACKED_PREFETCH[kernels[tuple(weight.shape)]]
+            layer.kernel = functools.partial(linear_packed, out_features=weight.shape[0], prefetch=prefetch)
             if id(weight) in tables:  # tied: the embedding reads its rows out of the packed table
                 tables[id(weight)].weight, tables[id(weight)].kernel = layer.weight, embed_packed
             del weight
         release_freed_memory()
 
-    def choose(self, weights: dict[tuple, torch.Tensor]) -> set[tuple]:
-        """The shapes (out, in) where the packed kernel ran faster than F.linear, timed on one weight of each
-        shape (and a packed copy of it, freed after); says what it chose when it had to time anything."""
+    def choose(self, weights: dict[tuple, torch.Tensor]) -> dict[tuple, str]:
+        """The kernel of each shape (out, in): the fastest of F.linear and the packed kernel with each prefetch of
+        PACKED_PREFETCH, timed on copies of one weight of that shape read from memory (autotune.from_memory, freed
+        after); says what it chose when it had to time anything."""
         self.choices = choices = KernelChoices(build_name())
-        chosen = set()
+        kernels = {}
         for shape, weight in weights.items():
 
             def candidates(weight=weight, out=shape[0]):
-                x, packed = torch.randn(max(self.ROWS), weight.shape[1]), pack_weight(weight)
+                x = torch.randn(max(self.ROWS), weight.shape[1])
+                packed = from_memory(pack_weight(weight), lambda shape: torch.ops.minillm_cpu.empty_pages(shape))
+                plain = from_memory(weight.detach())
                 return {
-                    "packed": lambda n: linear_packed(x[:n], packed, out_features=out),
-                    "torch": lambda n: F.linear(x[:n], weight),
-                }
+                    name: lambda n, prefetch=prefetch: linear_packed(
+                        x[:n], packed(), out_features=out, prefetch=prefetch
+                    )
+                    for name, prefetch in PACKED_PREFETCH.items()
+                } | {"torch": lambda n: F.linear(x[:n], plain())}
 
-            if choices.choose("linear", shape, self.ROWS, candidates) == "packed":
-                chosen.add(shape)
+            kernels[shape] = choices.choose("linear", shape, self.ROWS, candidates, weight.nbytes)
         if choices.timed:
             print(f"minillm: linear kernels timed on {cpu_model()}, cached in {choices.path}:", file=sys.stderr)
             print(choices.summary(), file=sys.stderr)
-        return chosen
+        return kernels

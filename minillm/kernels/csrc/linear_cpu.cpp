@@ -3,13 +3,15 @@
 // The weight [out, in] is laid out in panels of NR output features, [out / NR, in, NR] (cpu_kernels.pack_weight):
 // for each input feature, the NR weights of a panel sit side by side, two vectors. Two kernels read it:
 //
-// 1. `stream`, for one or two rows of x (a decode step at batch 1 or 2): a matrix-vector product. Every weight is
-// read once from memory for one multiply-add per row, so the speed is the memory's, and a thread's panels are one
-// contiguous stream of bytes: the easiest read there is for the hardware prefetcher, helped along by a prefetch of
-// data read once (prefetch_once) a few KiB ahead. The weights live in 2 MiB pages (cpu_kernels.pack_weight), so a
-// stream of hundreds of MB needs a few hundred TLB entries, not a hundred thousand. BLAS libraries tune for big
-// products; for a handful of rows they can read the weight at a fraction of the bandwidth (F.linear's MKL: 8-10
-// GB/s for one row on a 2-core AMD EPYC whose memory gives ~22; on an Intel Xeon within 10% at one row, not four).
+// 1. `stream`, for one or two rows of x (a decode step at batch 1 or 2): a matrix-vector product. Every weight is read
+// once from memory for one multiply-add per row, so the speed is the memory's, and a thread's panels are one contiguous
+// stream of bytes: the easiest read there is for the hardware prefetcher, helped along by a software prefetch a few KiB
+// ahead, whose hint and distance are arguments: the engine times the variants on the CPU it runs on
+// (PackedLinearMethod): which hint helps depends on the vendor's caches and prefetchers. The weights
+// live in 2 MiB pages (cpu_kernels.pack_weight), so a stream of hundreds of MB needs a few hundred TLB entries, not a
+// hundred thousand. BLAS libraries tune for big products; for a handful of rows they can read the weight at a fraction
+// of the bandwidth (F.linear's MKL: 8-10 GB/s for one row on a 2-core AMD EPYC whose memory gives ~22; on an Intel Xeon
+// within 10% at one row, not four).
 //
 // 2. `tile`, for more rows: a matrix-matrix product bound by FLOP/s. A register tile of MR rows of x by one panel
 // keeps MR × 2 vectors of sums in registers; each step over the inputs loads the panel's NR weights once (two
@@ -34,7 +36,6 @@
 namespace {
 
 constexpr int64_t STREAM_ROWS = 2;       // up to how many rows of x `stream` runs; `tile` is faster from 3 or 4 on
-constexpr int64_t PREFETCH = 2048;       // bytes ahead of the reads a stream asks the cache for
 
 // The L2 cache of a core as the OS reports it, or 512 KiB where it does not say.
 int64_t l2_bytes() {
@@ -60,11 +61,11 @@ void store_panel(const Vec (&s)[B][2], const float* bias, int64_t c, int64_t out
 }
 
 // y[b] = x[b] @ panelsᵀ (+ bias) for B (1 or 2) rows of x and the panels p0 ≤ p < p1. Each step takes U inputs with
-// their own sums (U × B × 2 independent multiply-add chains hide the FMA latency), and prefetches what is read
-// PREFETCH bytes later.
-template <int B>
+// their own sums (U × B × 2 independent multiply-add chains hide the FMA latency), and prefetches (with HINT) what
+// is read `ahead` bytes later.
+template <int B, int HINT>
 void stream(const float* x, int64_t in, const float* w, const float* bias, int64_t p0, int64_t p1, float* y,
-            int64_t out) {
+            int64_t out, int64_t ahead) {
   constexpr int U = 4 / B;
   for (int64_t p = p0; p < p1; ++p) {
     const float* panel = w + p * in * NR;
@@ -81,8 +82,8 @@ void stream(const float* x, int64_t in, const float* w, const float* bias, int64
       }
     };
     for (; k + U <= in; k += U, panel += U * NR) {
-      for (int64_t line = 0; line < U * NR * 4; line += 64)
-        prefetch_once(reinterpret_cast<const char*>(panel) + PREFETCH + line);
+      for (int64_t line = 0; HINT != NONE && line < U * NR * 4; line += 64)
+        prefetch_hint<HINT>(reinterpret_cast<const char*>(panel) + ahead + line);
       for (int u = 0; u < U; ++u) step(u, k + u, panel + u * NR);
     }
     for (; k < in; ++k, panel += NR) step(0, k, panel);
@@ -92,8 +93,18 @@ void stream(const float* x, int64_t in, const float* w, const float* bias, int64
   }
 }
 
-// y = x @ wᵀ (+ bias) for x [rows, in] and w packed by pack_weight: `stream` up to STREAM_ROWS rows, `tile` past it.
-at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias, int64_t out) {
+// `stream` for B rows of x with the prefetch hint `hint` (a Hint).
+template <int B>
+auto stream_with(int64_t hint) {
+  return hint == NTA ? stream<B, NTA> : hint == T0 ? stream<B, T0> : stream<B, NONE>;
+}
+
+// y = x @ wᵀ (+ bias) for x [rows, in] and w packed by pack_weight: `stream` up to STREAM_ROWS rows, prefetching with
+// `hint` `ahead` bytes ahead of its reads, and `tile` past it.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias, int64_t out,
+                  int64_t hint, int64_t ahead) {
+  TORCH_CHECK(hint >= NONE && hint <= NTA && ahead >= 0, "linear_cpu: prefetch hint 0 (none), 1 (t0) or 2 (nta) ",
+              "and a distance >= 0, got ", hint, " and ", ahead);
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && packed.scalar_type() == at::kFloat,
               "linear_cpu takes float32 CPU tensors, got x ", x.scalar_type(), " on ", x.device(), " and a ",
               packed.scalar_type(), " weight");
@@ -109,9 +120,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::opti
   float* yp = y.data_ptr<float>();
   if (rows == 0) return y;  // a chunked prefill's step that samples nothing asks the LM head for no rows
   if (rows <= STREAM_ROWS) {  // the panels split in one contiguous run per thread
-    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-      (rows == 1 ? stream<1> : stream<2>)(xp, in, wp, bp, p0, p1, yp, out);
-    });
+    const auto run = rows == 1 ? stream_with<1>(hint) : stream_with<2>(hint);
+    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) { run(xp, in, wp, bp, p0, p1, yp, out, ahead); });
     return y;
   }
   float tail_bias[NR] = {};  // the last panel's bias when it holds fewer than NR outputs: zeros past `out`
@@ -150,7 +160,7 @@ int64_t panel_width() { return NR; }
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(minillm_cpu, m) {
-  m.def("linear(Tensor x, Tensor packed, Tensor? bias, int out) -> Tensor");
+  m.def("linear(Tensor x, Tensor packed, Tensor? bias, int out, int hint, int ahead) -> Tensor");
   m.def("empty_pages(int[] sizes) -> Tensor", &empty_pages);
   m.def("panel_width() -> int", &panel_width);  // NR: pack_weight lays weights out for the vectors built here
 }

@@ -23,6 +23,16 @@ constexpr int64_t MR = 6;                 // rows of x per register tile: 6 × 2
 // (or none) at the same distance.
 inline void prefetch_once(const void* p) { __builtin_prefetch(p, 0, 0); }
 
+// The prefetch hints a stream can be run with (linear_cpu's `prefetch` argument): none, into every cache level (t0),
+// or as data read once (nta, prefetch_once). Which is fastest is the CPU's to say: the engine times them
+// (PackedLinearMethod) rather than trusting one vendor's measurement.
+enum Hint { NONE = 0, T0 = 1, NTA = 2 };
+template <int HINT>
+inline void prefetch_hint(const void* p) {
+  if constexpr (HINT == T0) __builtin_prefetch(p, 0, 3);
+  if constexpr (HINT == NTA) prefetch_once(p);
+}
+
 // y[i][0..NR) = x_i · panel (+ bias) for the MR rows x_0 .. x_5 of x (pointers: a short tile repeats its last row)
 // and one panel [in][NR]. The 12 sums are named variables, not an array: the compiler keeps them in registers.
 // `next`, if given, is the panel to fetch into the cache meanwhile, one step of it per step of this one.

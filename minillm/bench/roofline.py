@@ -143,7 +143,7 @@ def run(path, engine_options: dict, pool: list[int], args) -> dict:
     if max(before["gb_s"], after["gb_s"]) > 1.15 * min(before["gb_s"], after["gb_s"]):
         print(
             "  (the bandwidth changed by more than 15% during the run: another load shares this machine's memory, "
-            "and the fractions below are uncertain; run again with --repeats 3)"
+            "and the fractions below are uncertain: run it again and compare)"
         )
     one |= dict(
         weight_bytes_per_token=weight_bytes,

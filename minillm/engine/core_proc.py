@@ -54,6 +54,7 @@ class MPClient:
         self.input, output = self.context.socket(zmq.PUSH), self.context.socket(zmq.PULL)
         self.input.bind(addresses[0])
         output.bind(addresses[1])
+        accepted = self.input.get_monitor_socket(zmq.EVENT_ACCEPTED)  # tells when the core has connected to input
         self.encoder, self.decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(EngineCoreOutputs)
         self.proc = subprocess.Popen([sys.executable, "-c", CORE], stdin=subprocess.PIPE)
         self.proc.stdin.write(pickle.dumps((config, path, eos_token_ids, *addresses, os.getpid())))
@@ -63,6 +64,12 @@ class MPClient:
         except BaseException:
             self.shutdown()
             raise
+        # Both connections are made (the core's "ready" came through output). A connected socket needs no file, so
+        # the directory goes now: a front end killed later (kill -9 runs no cleanup) leaves nothing in /tmp.
+        if accepted.poll(10_000):
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+        self.input.disable_monitor()
+        accepted.close(linger=0)
         self.output = zmq.asyncio.Socket.from_socket(output)  # awaited by the front end's output handler
         self.dead: asyncio.Future | None = None
 

@@ -100,7 +100,6 @@ ALLOWED = [
     Allowed("11", "64×", "64× the FLOPs for nearly the same bytes", "the batch size, a parameter"),
     Allowed("11", "70%", "The bench's acceptance targets are 70%", "a target, not a measurement"),
     Allowed("11", "40%", "40% of the matmul FLOP/s at batch 64", "a target, not a measurement"),
-    Allowed("11", "2 KiB", "2 KiB ahead of its reads", "a constant of the C++ kernel"),
     Allowed("11", "2 MiB", "The packed copies live in 2 MiB pages", "the huge-page size, a constant"),
     Allowed("11", "400 MB", "a token reads 400 MB", "a model's size, a constant"),
     Allowed("11", "4 KiB", "which in 4 KiB pages", "the base page size, a constant"),

@@ -178,9 +178,10 @@ def test_engine_flags_are_the_same_for_both_servers(tmp_path):
 
 
 def test_minillm_separate_is_minillm_without_mixed_steps(tmp_path):
+    from minillm.entrypoints import COMPILED_BATCH_1
     from minillm.entrypoints.openai.api_server import engine_options, parse_args
 
     separate = servers.command("minillm-separate", None, default_model_path(), {}, 1234, 64, tmp_path)
     assert separate[:3] == [sys.executable, "-m", "minillm.serve"] and separate[-1] == "--no-mixed-steps"
-    assert engine_options(parse_args(separate[3:])) == {"mixed_steps": False}
-    assert engine_options(parse_args(["--max-num-seqs", "8"])) == {"max_num_seqs": 8}
+    assert engine_options(parse_args(separate[3:])) == {"mixed_steps": False} | COMPILED_BATCH_1
+    assert engine_options(parse_args(["--max-num-seqs", "8"])) == {"max_num_seqs": 8} | COMPILED_BATCH_1

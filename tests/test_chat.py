@@ -168,7 +168,7 @@ def test_the_oldest_turns_are_dropped_to_fit_the_context(session):
 
 
 def test_main_streams_answers_keeps_history_and_quits_cleanly(llm, monkeypatch):
-    monkeypatch.setattr(chat_cli, "LLM", lambda model: llm)
+    monkeypatch.setattr(chat_cli, "LLM", lambda model, **options: llm)
     term = Terminal()
     rc = chat_cli.main(
         ["--model", "tiny", "--temperature", "0", "--max-tokens", "6"],
@@ -186,12 +186,12 @@ def test_main_streams_answers_keeps_history_and_quits_cleanly(llm, monkeypatch):
 
 @pytest.mark.parametrize("end", [EOFError(), KeyboardInterrupt()], ids=["ctrl-d", "ctrl-c"])
 def test_ctrl_d_and_ctrl_c_at_the_prompt_quit_with_status_0(llm, monkeypatch, end):
-    monkeypatch.setattr(chat_cli, "LLM", lambda model: llm)
+    monkeypatch.setattr(chat_cli, "LLM", lambda model, **options: llm)
     assert chat_cli.main(["--model", "tiny"], input=scripted(end), out=Terminal()) == 0
 
 
 def test_ctrl_c_during_an_answer_stops_it_and_the_chat_goes_on(llm, monkeypatch):
-    monkeypatch.setattr(chat_cli, "LLM", lambda model: llm)
+    monkeypatch.setattr(chat_cli, "LLM", lambda model, **options: llm)
     term = Terminal(interrupt_after=3)  # the banner, then two pieces of the first answer
     rc = chat_cli.main(
         ["--model", "tiny", "--temperature", "0", "--max-tokens", "6"], input=scripted("Hi", "Hello", "/exit"), out=term
@@ -223,6 +223,7 @@ def test_python_m_minillm_chat_runs(ckpt):
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith(f"minillm chat with {ckpt}: /reset forgets the conversation")
+    assert "minillm: compiling the decode step for batch sizes [1]" in run.stderr  # the fast path, by default
 
 
 @pytest.mark.parametrize(
@@ -233,6 +234,6 @@ def test_python_m_minillm_chat_runs(ckpt):
     ],
 )
 def test_bad_options_are_named_before_the_model_loads(monkeypatch, capsys, args, message):
-    monkeypatch.setattr(chat_cli, "LLM", lambda model: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(chat_cli, "LLM", lambda model, **options: pytest.fail("the model was loaded"))
     assert chat_cli.main(["--model", "tiny", *args], input=scripted(), out=Terminal()) == 2
     assert message in capsys.readouterr().err

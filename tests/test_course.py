@@ -298,7 +298,9 @@ def test_show_cpp_gives_a_kernel_function_with_its_comment_and_template_lines():
     source = show_cpp("linear_cpu.cpp", "stream")
     lines = repr(source).splitlines()
     assert lines[0].startswith("# minillm/kernels/csrc/linear_cpu.cpp, lines ")
-    assert lines[1].startswith("// y[b] = x[b] @ panels") and lines[4] == "template <int B, int HINT>" and lines[-1] == "}"
+    assert (
+        lines[1].startswith("// y[b] = x[b] @ panels") and lines[4] == "template <int B, int HINT>" and lines[-1] == "}"
+    )
     assert sum(line.startswith("void ") for line in lines) == 1  # this one function, not the next
     assert "<span" in source._repr_html_()
     with pytest.raises(

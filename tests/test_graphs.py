@@ -74,6 +74,23 @@ def test_a_compiled_step_replays_without_dynamo():
     assert out[0].token_ids == eager.generate([[8, 9, 10, 11]], greedy, use_tqdm=False)[0].token_ids
 
 
+def test_named_capture_sizes_are_compiled_at_start_and_larger_batches_run_op_by_op(capsys):
+    """cudagraph_capture_sizes=[1] (what the chat and the server run with): bucket 1 is built before any request,
+    with a line that says so; a batch of 3 has no bucket and runs eagerly; the tokens are the eager engine's."""
+    llm, eager = LLM(enforce_eager=False, cudagraph_capture_sizes=[1]), LLM()
+    graphs = llm.model_runner.graphs
+    assert graphs.buckets == [1] and list(graphs.build_seconds) == [1]
+    assert "minillm: compiling the decode step for batch sizes [1]" in capsys.readouterr().err
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    assert [o.token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)] == [
+        o.token_ids for o in eager.generate(prompts, greedy, use_tqdm=False)
+    ]
+    assert list(graphs.build_seconds) == [1] and graphs.bucket_for(3) is None
+    with pytest.raises(ValueError, match=r"cudagraph_capture_sizes must be a non-empty list of batch sizes from 1"):
+        LLM(num_kvcache_blocks=16, max_num_seqs=8, cudagraph_capture_sizes=[16])
+
+
 def test_a_deleted_compiled_engine_is_freed():
     """Dynamo keeps every compiled version (and its backend) for the life of the process; the engine's KV cache
     and weights must not live on with it."""

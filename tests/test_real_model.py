@@ -111,7 +111,7 @@ def test_the_terminal_chat_answers_with_the_real_model_by_default(llm, monkeypat
     from minillm.entrypoints import chat as chat_cli
 
     assert chat_cli.default_model() == (REAL_MODEL, None)
-    monkeypatch.setattr(chat_cli, "LLM", lambda model: llm if model == REAL_MODEL else pytest.fail(model))
+    monkeypatch.setattr(chat_cli, "LLM", lambda model, **options: llm if model == REAL_MODEL else pytest.fail(model))
     term = Terminal()
     assert chat_cli.main([], input=scripted("What is the capital of France?", "/exit"), out=term) == 0
     banner, answer = term.getvalue().splitlines()[:2]

@@ -505,8 +505,9 @@ def test_serve_takes_vllms_engine_flags():
     from minillm.entrypoints.openai.api_server import engine_options, parse_args
 
     args = parse_args(["--max-num-seqs", "8", "--max-model-len", "256", "--kv-cache-memory-bytes", "1048576"])
-    assert engine_options(args) == dict(max_num_seqs=8, max_model_len=256, kvcache_memory_bytes=1048576)
-    assert engine_options(parse_args([])) == {}
+    compiled = dict(enforce_eager=False, cudagraph_capture_sizes=[1])  # the batch-1 step compiled, by default
+    assert engine_options(args) == dict(max_num_seqs=8, max_model_len=256, kvcache_memory_bytes=1048576) | compiled
+    assert engine_options(parse_args([])) == compiled and engine_options(parse_args(["--enforce-eager"])) == {}
 
 
 def test_serve_takes_an_api_key_from_its_flag_or_the_environment_and_a_body_limit(monkeypatch):

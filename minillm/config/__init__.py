@@ -95,6 +95,12 @@ class Config:
     # default: CUDA graphs on a GPU; eager on a CPU, since compiling a bucket takes seconds (about 15 for the
     # default model) and gains about 1.2x.
     enforce_eager: bool | None = None
+    # vLLM's name (its compilation_config's): the decode batch sizes that get a replayed step, each built when the
+    # engine starts (a batch between two runs in the larger one; past the largest, op by op). None: 1, 2, 4, 8, then
+    # every multiple of 16 up to max_num_seqs (graphs.decode_buckets), built at start on a GPU and on first use on a
+    # CPU. The chat and the server compile [1] on a CPU: one sequence decodes fast, and no larger batch ever waits
+    # for the compiler mid-service.
+    cudagraph_capture_sizes: list[int] | None = None
     # torch.compile the layers' hot functions (RMSNorm, add+RMSNorm, rotary, SiLU-and-mul, top-k/top-p; chapter
     # 08), each compiled once on first use. None: on for CUDA, where the fused kernels are recorded in the CUDA
     # graphs; off on a CPU, where each compiled call's fixed host cost (~60-100 µs) exceeds what fusing saves
@@ -125,6 +131,14 @@ class Config:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if self.kvcache_block_size & (self.kvcache_block_size - 1):
             raise ValueError(f"kvcache_block_size must be a power of two (16 is usual), got {self.kvcache_block_size}")
+        sizes = self.cudagraph_capture_sizes
+        if sizes is not None and not (
+            sizes and all(isinstance(n, int) and 1 <= n <= min(self.max_num_seqs, 512) for n in sizes)
+        ):
+            raise ValueError(
+                f"cudagraph_capture_sizes must be a non-empty list of batch sizes from 1 to max_num_seqs "
+                f"({self.max_num_seqs}, at most 512), got {sizes!r}"
+            )
         if self.num_kvcache_blocks is not None and not self.num_kvcache_blocks >= 1:
             raise ValueError(f"num_kvcache_blocks must be >= 1, got {self.num_kvcache_blocks!r}")
         if not (isinstance(self.long_prefill_token_threshold, int) and self.long_prefill_token_threshold >= 0):

@@ -99,8 +99,8 @@ class DecodeGraphs:
     shared; how a bucket is built and replayed is the subclass's. A replayed step reads its inputs from the
     runner's input buffers, which the runner has loaded and padded to the bucket (InputBuffers.load)."""
 
-    def __init__(self, runner, max_batch: int):
-        self.runner, self.buckets = runner, decode_buckets(max_batch)
+    def __init__(self, runner, max_batch: int, sizes: list[int] | None = None):
+        self.runner, self.buckets = runner, sorted(set(sizes)) if sizes else decode_buckets(max_batch)
         self.build_seconds: dict[int, float] = {}  # bucket -> time building it took
 
     def bucket_for(self, batch: int) -> int | None:
@@ -159,8 +159,8 @@ class CompiledDecodeSteps(DecodeGraphs):
     kind = "compiled decode steps"
     inductor_options = {"cpp_wrapper": True, "size_asserts": False}  # shapes are fixed: no size checks per call
 
-    def __init__(self, runner, max_batch: int):
-        super().__init__(runner, max_batch)
+    def __init__(self, runner, max_batch: int, sizes: list[int] | None = None):
+        super().__init__(runner, max_batch, sizes)
         self.steps: dict[int, tuple] = {}  # bucket -> (inductor's compiled step, the tensors it was compiled on)
         # every bucket is one more compiled version of the model's forward, and dynamo keeps one cache per function
         # for every engine in the process (two engines, two models): let it keep them all
@@ -198,8 +198,8 @@ class CUDADecodeGraphs(DecodeGraphs):
 
     kind = "CUDA graphs"
 
-    def __init__(self, runner, max_batch: int):
-        super().__init__(runner, max_batch)
+    def __init__(self, runner, max_batch: int, sizes: list[int] | None = None):
+        super().__init__(runner, max_batch, sizes)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None  # the memory pool of the first (largest) graph, shared by the others
         self.outputs = torch.zeros(

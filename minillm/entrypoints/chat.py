@@ -12,6 +12,7 @@ import sys
 from typing import Iterator
 
 from minillm.config import default_model_path
+from minillm.entrypoints import COMPILED_BATCH_1, ENFORCE_EAGER_HELP
 from minillm.llm import LLM
 from minillm.models.hub import KNOWN_MODELS, checkpoint_dir, is_complete
 from minillm.sampling_params import SamplingParams
@@ -83,6 +84,7 @@ def parse_args(argv):
     parser.add_argument("--temperature", type=float, help="0 = greedy; default: the model's generation_config")
     parser.add_argument("--max-tokens", type=int, default=256, help="longest answer, in tokens (default 256)")
     parser.add_argument("--system", help="a system prompt (default: the chat template's own, if it has one)")
+    parser.add_argument("--enforce-eager", action="store_true", help=ENFORCE_EAGER_HELP)
     return parser.parse_args(argv)
 
 
@@ -98,7 +100,7 @@ def main(argv=None, input=input, out=sys.stdout) -> int:
     if note:
         print(note, file=out)
     try:
-        llm = LLM(model)
+        llm = LLM(model, **({} if args.enforce_eager else COMPILED_BATCH_1))
     except KeyboardInterrupt:  # Ctrl-C while the model loads (or converts, on first use)
         print(file=out)
         return 130

@@ -22,6 +22,7 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from minillm.engine.async_llm import AsyncLLM
+from minillm.entrypoints import COMPILED_BATCH_1, ENFORCE_EAGER_HELP
 from minillm.entrypoints.openai.errors import add_exception_handlers
 from minillm.entrypoints.openai.metrics import PrometheusStatLogger
 from minillm.entrypoints.openai.middleware import AuthenticationMiddleware, RequestBodyLimitMiddleware
@@ -245,6 +246,7 @@ def parse_args(argv):
     engine = parser.add_argument_group("engine settings (vLLM's flags; default: minillm's Config)")
     for flag in ENGINE_FLAGS:
         engine.add_argument(f"--{flag.replace('_', '-')}", type=int, metavar="N")
+    engine.add_argument("--enforce-eager", action="store_true", help=ENFORCE_EAGER_HELP)
     engine.add_argument(
         "--no-mixed-steps",
         dest="mixed_steps",
@@ -292,6 +294,7 @@ def engine_options(args) -> dict:
     """LLM(...) keywords from the engine flags given."""
     given = {ours: getattr(args, flag) for flag, ours in ENGINE_FLAGS.items() if getattr(args, flag) is not None}
     given |= {} if args.speculative_config is None else {"speculative_config": args.speculative_config}
+    given |= {} if args.enforce_eager else COMPILED_BATCH_1
     return given | ({} if args.mixed_steps else {"mixed_steps": False})
 
 

@@ -11,6 +11,7 @@ Both read their inputs from the model runner's input buffers (minillm.engine.inp
 the step's tokens, positions, slots and block tables at the addresses it was recorded with.
 """
 
+import sys
 import time
 import weakref
 
@@ -181,6 +182,13 @@ class CompiledDecodeSteps(DecodeGraphs):
 
         ctx = get_context()  # the bucket's padded inputs, views of the runner's buffers
         torch.compile(self.runner.model, backend=backend, dynamic=False, fullgraph=True)(ctx.input_ids, ctx.positions)
+
+    def capture(self, max_batch: int | None = None) -> None:
+        """DecodeGraphs.capture, said first on stderr: compiling takes seconds per bucket."""
+        if todo := [b for b in self.buckets if (max_batch is None or b <= max_batch) and b not in self.build_seconds]:
+            print(f"minillm: compiling the decode step for batch sizes {todo} (once per model and size; a later "
+                  "start reuses inductor's cache)", file=sys.stderr, flush=True)  # fmt: skip
+        super().capture(max_batch)
 
     def replay(self, bucket: int) -> torch.Tensor:
         if bucket not in self.steps:  # the first batch that needs a bucket builds it

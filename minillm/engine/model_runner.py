@@ -8,8 +8,6 @@ tensor parallelism (chapter 10) every rank has a ModelRunner with its shard of t
 step and broadcasts its StepInputs, every rank loads and runs them, rank 0 samples.
 """
 
-import sys
-
 import torch
 
 from minillm.config import Config
@@ -77,17 +75,11 @@ class ModelRunner:
         else:
             self.kv_cache = allocate_kv_cache(self.model, self.num_kvcache_blocks + 1, self.block_size)
         self.compile_layers = self.platform.compile_layers if config.compile_layers is None else config.compile_layers
-        self.graphs = None
-        sizes = config.cudagraph_capture_sizes
-        if self.eager_reason is None and self.device.type == "cuda":
-            self.graphs = CUDADecodeGraphs(self, min(config.max_num_seqs, 512), sizes)
+        cuda, sizes = self.device.type == "cuda", config.cudagraph_capture_sizes
+        kind = CUDADecodeGraphs if cuda else CompiledDecodeSteps
+        self.graphs = None if self.eager_reason else kind(self, min(config.max_num_seqs, 512), sizes)
+        if self.graphs and (cuda or sizes):  # every bucket on CUDA, the named ones on a CPU: built now, not mid-service
             self.graphs.capture()
-        elif self.eager_reason is None:
-            self.graphs = CompiledDecodeSteps(self, min(config.max_num_seqs, 512), sizes)
-            if sizes:  # named: compiled now, so that no request waits for the compiler
-                print(f"minillm: compiling the decode step for batch sizes {self.graphs.buckets} (once per model "
-                      "and size; a later start reuses inductor's cache)", file=sys.stderr, flush=True)  # fmt: skip
-                self.graphs.capture()
 
     def why_eager(self, config: Config) -> str | None:
         """Why decode steps run op by op, or None when they are replayed per bucket (CUDA graphs, or compiled

@@ -78,11 +78,14 @@ def rejection_sample(
     generator: the request's seeded torch.Generator, or None; pass it to every random draw (torch.rand,
     torch.multinomial), so that a seeded request is reproducible.
     For draft i, token d = draft_ids[i], p = target_probs[i], q its draft distribution: draw u uniform in [0, 1)
-    (`torch.rand((), generator=generator)`) and accept d if u * q(d) <= p(d), that is with probability
-    min(1, p(d) / q(d)). On acceptance go on to the next draft. On the first rejection, draw the replacement from
-    the residual distribution max(p - q, 0), normalised to sum to 1, keep it after the accepted drafts and stop:
-    the drafts after it are dropped. (Why: accepted mass min(p, q) plus residual mass max(p - q, 0) add up to p.)
-    If every draft is accepted, draw one more token from the last row, target_probs[k] (the bonus token).
+    on p's device (`torch.rand((), generator=generator, device=p.device)`) and accept d if u * q(d) < p(d), that
+    is with probability min(1, p(d) / q(d)). The comparison is strict: u can be exactly 0, and a draft the target
+    gives probability 0 (outside its top-k or top-p) must never be kept. On acceptance go on to the next draft. On
+    the first rejection, draw the replacement from the residual distribution max(p - q, 0), normalised to sum to 1,
+    keep it after the accepted drafts and stop: the drafts after it are dropped. (Why: accepted mass min(p, q) plus
+    residual mass max(p - q, 0) add up to p.) Where float rounding leaves the residual all zeros (p ≤ q at every
+    token, although both should sum to 1), draw from p itself. If every draft is accepted, draw one more token from
+    the last row, target_probs[k] (the bonus token).
     Draw a token from a distribution r with `torch.multinomial(r, 1, generator=generator).item()`.
     Returns between 1 and k + 1 tokens (ints).
 
@@ -100,10 +103,11 @@ def rejection_sample(
             q[d] = 1.0
         else:
             q = draft_probs[i]
-        if torch.rand((), generator=generator) * q[d] <= p[d]:
+        if torch.rand((), generator=generator, device=p.device) * q[d] < p[d]:
             tokens.append(d)
             continue
         residual = (p - q).clamp_min(0)
+        residual = residual if residual.sum() > 0 else p  # all zeros only by rounding: p is then what remains
         tokens.append(torch.multinomial(residual / residual.sum(), 1, generator=generator).item())
         return tokens
     tokens.append(torch.multinomial(target_probs[len(draft_ids)], 1, generator=generator).item())

@@ -441,8 +441,9 @@ HINTS: dict[str, tuple[str, str, str]] = {
     "13.3": (
         "Loop over the drafts with their row index. Build q for the row: the draft model's row, or for a looked-up "
         "draft a one-hot vector (torch.zeros_like(p), then a 1 at the draft's id).",
-        "Acceptance compares u * q[d] with p[d], which avoids dividing by a q(d) of zero. On rejection the "
-        "residual is (p - q).clamp_min(0), divided by its sum; it has mass wherever rejection can happen.",
+        "Acceptance is u * q[d] < p[d] (strictly, so that u = 0 never keeps a draft of probability 0), which "
+        "avoids dividing by a q(d) of zero. On rejection the residual is (p - q).clamp_min(0), divided by its "
+        "sum; if rounding left it all zeros, use p.",
         "A rejection ends the step: return the kept drafts plus the residual draw. If the loop finishes, draw the "
         "bonus token from the row after the last draft, target_probs[len(draft_ids)]. Pass generator= to every "
         "draw, rand and multinomial alike.",

@@ -106,6 +106,19 @@ def test_accepted_drafts_are_followed_by_the_bonus_and_the_seed_is_honoured(impl
     )
 
 
+@pytest.mark.exercise("13.3")
+def test_u_of_exactly_zero_keeps_no_draft_of_probability_zero_and_a_zero_residual_falls_back_to_p(impl, monkeypatch):
+    """torch.rand gives exactly 0 once in 2^24 draws: u * q(d) <= p(d) would then keep a draft the target never
+    picks. And p, q that differ only by rounding can leave max(p - q, 0) all zeros after a rejection."""
+    p = torch.tensor([[0.0, 0.5, 0.5], [1 / 3] * 3])
+    monkeypatch.setattr(torch, "rand", lambda *args, **kwargs: torch.zeros(()))
+    assert impl.rejection_sample(p, [0], None, None)[0] != 0, "u = 0 kept a draft of probability 0"
+    q = torch.tensor([[0.5, 0.5, 0.0]])
+    below = torch.tensor([[0.5 - 1e-7, 0.5 - 1e-7, 0.0], [1 / 3] * 3])  # p <= q everywhere: the residual is 0
+    monkeypatch.setattr(torch, "rand", lambda *args, **kwargs: torch.tensor(0.9999999))  # rejects draft 0
+    assert impl.rejection_sample(below, [0], q, None)[0] in (0, 1), "a zero residual must fall back to p"
+
+
 def scheduler(num_blocks=16, block_size=4):
     return Scheduler(Config(new_token_ratio=0.0), BlockManager(num_blocks, block_size), eos_token_ids=[0])
 

@@ -30,7 +30,9 @@ from pathlib import Path
 
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "0")  # compiled Triton kernels on CUDA (read when minillm.kernels loads)
+os.environ.setdefault(
+    "TRITON_INTERPRET", "0"
+)  # compiled Triton kernels on CUDA (read when minillm.kernels.triton loads)
 from minillm import LLM, SamplingParams  # noqa: E402
 from minillm.bench.models import save_random_qwen3  # noqa: E402
 

@@ -13,7 +13,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from minillm.layers.attention import causal_attention
 from minillm.layers.attention.backends import CPUAttentionBackend
-from minillm.layers.paged_attention import paged_decode_attention, prefill_attention
+from minillm.layers.attention.paged_attention import paged_decode_attention, prefill_attention
 from minillm.utils.context import Context
 
 

@@ -165,7 +165,8 @@ def test_each_prefetch_variant_of_the_packed_kernel_computes_f_linear():
     import torch
     import torch.nn.functional as F
 
-    from minillm.layers.cpu_kernels import cpu_kernels, linear_packed, pack_weight
+    from minillm.kernels.cpu import cpu_kernels, linear_packed
+    from minillm.kernels.packing import pack_weight
 
     if not cpu_kernels():
         pytest.skip("the C++ kernels do not build here")

@@ -286,7 +286,7 @@ def test_show_hides_exercise_bodies_unless_asked_for_the_solution():
 
 
 def test_show_gives_a_triton_kernels_python_source_with_its_exercise_as_a_stub():
-    from minillm.kernels.kv_cache import store_kvcache_kernel
+    from minillm.kernels.triton.kv_cache import store_kvcache_kernel
 
     source = str(show(store_kvcache_kernel))
     assert "def store_kvcache_kernel(" in source and "Exercise 09.1" in source

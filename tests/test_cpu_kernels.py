@@ -1,4 +1,4 @@
-"""The CPU kernels (minillm.layers.cpu_kernels): paged decode attention against the torch reference on random
+"""The CPU kernels (minillm.kernels.cpu): paged decode attention against the torch reference on random
 scattered caches, the KV store against the torch stores, the few-row matmul against F.linear; the engine on them
 against the naive loop; the torch path when they cannot be built."""
 
@@ -7,23 +7,13 @@ import torch
 
 from minillm import platforms
 from minillm.config import Config
+from minillm.kernels.cpu import cpu_kernels, linear_cpu, linear_packed, paged_decode_attention_cpu, store_kvcache_cpu
+from minillm.kernels.packing import embed_packed, empty_packed, pack_weight, pack_weights, panel_width
 from minillm.layers import linear_method
 from minillm.layers.attention.backends import CPUAttentionBackend, cpu
-from minillm.layers.cpu_kernels import (
-    cpu_kernels,
-    embed_packed,
-    empty_packed,
-    linear_cpu,
-    linear_packed,
-    pack_weight,
-    pack_weights,
-    paged_decode_attention_cpu,
-    panel_width,
-    store_kvcache_cpu,
-)
+from minillm.layers.attention.paged_attention import paged_decode_attention, store_decode_kvcache, store_kvcache
 from minillm.layers.linear import LinearBase
 from minillm.layers.linear_method import PackedLinearMethod, UnquantizedLinearMethod
-from minillm.layers.paged_attention import paged_decode_attention, store_decode_kvcache, store_kvcache
 from minillm.platforms import select_platform
 from minillm.utils.context import Context
 
@@ -240,7 +230,7 @@ def test_pack_weight_lays_out_panels_of_output_features():
 
 @pytest.mark.parametrize("rows", [1, 4])
 def test_linear_rejects_a_weight_not_packed(rows):
-    with pytest.raises(RuntimeError, match="packed by cpu_kernels.pack_weight"):
+    with pytest.raises(RuntimeError, match="packed by packing.pack_weight"):
         torch.ops.minillm_cpu.linear(torch.randn(rows, 8), torch.randn(16, 8), None, 16, 2, 2048)
 
 
@@ -288,7 +278,7 @@ def test_the_engine_keeps_one_copy_of_each_weight():
 def test_norm_kernels_equal_the_torch_functions(rows, hidden):
     """rms_norm and add_rms_norm (both outputs) of minillm.layers.rms_norm, for rows split over the threads and
     a width that is not a whole number of vectors; the inputs are not changed."""
-    from minillm.layers.cpu_kernels import norm_cpu
+    from minillm.kernels.cpu import norm_cpu
     from minillm.layers.rms_norm import add_rms_norm, rms_norm
 
     g = torch.Generator().manual_seed(rows + hidden)
@@ -304,8 +294,8 @@ def test_norm_kernels_equal_the_torch_functions(rows, hidden):
 
 @pytest.mark.parametrize("shape", [(1, 3072), (200, 3072), (4, 2, 14)])
 def test_silu_and_mul_kernel_equals_the_torch_function(shape):
+    from minillm.kernels.cpu import silu_and_mul_cpu
     from minillm.layers.activation import silu_and_mul
-    from minillm.layers.cpu_kernels import silu_and_mul_cpu
 
     x = torch.randn(shape, generator=torch.Generator().manual_seed(shape[0])) * 4
     torch.testing.assert_close(silu_and_mul_cpu(x), silu_and_mul(x), rtol=1e-5, atol=1e-5)
@@ -315,7 +305,7 @@ def test_silu_and_mul_kernel_equals_the_torch_function(shape):
 def test_rotary_kernel_equals_the_torch_module(tokens, head_dim):
     """The rotary kernel on q and k views of one packed qkv row per token (as the model splits them), at
     scattered positions, against RotaryEmbedding's torch path; an out-of-range position is refused."""
-    from minillm.layers.cpu_kernels import rotary_cpu
+    from minillm.kernels.cpu import rotary_cpu
     from minillm.layers.rotary import RotaryEmbedding
 
     rope = RotaryEmbedding(head_dim, 512, 10000.0)
@@ -344,7 +334,7 @@ def test_the_engine_runs_the_elementwise_kernels():
 
 def test_the_build_is_named_by_isa_flags_sources_and_cpu(monkeypatch, tmp_path):
     """torch caches extensions by name: builds for another CPU, other flags or other sources get other names."""
-    from minillm.layers import cpu_kernels as ck
+    from minillm.kernels import cpu as ck
 
     name = ck.extension_name("AVX512", ["-O3"])
     assert name.startswith("minillm_cpu_avx512_") and name == ck.extension_name("AVX512", ["-O3"])

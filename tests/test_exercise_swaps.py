@@ -9,7 +9,7 @@ rms_norm) and by every chapter's tests in tests/exercises/.
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton reads it when a kernel is defined: before minillm.kernels
+os.environ.setdefault("TRITON_INTERPRET", "1")  # read when a Triton kernel is defined: before minillm.kernels.triton
 
 import functools  # noqa: E402
 import gc  # noqa: E402

@@ -41,7 +41,7 @@ def test_dtype_auto_is_bfloat16_on_cuda(tiny_checkpoint):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_prefill_of_a_4k_chunk_over_32k_keys_never_holds_the_scores(dtype):
     """32 heads sharing 8 KV heads: the scores would be 32 x 4096 x 32768 numbers (8.6 GB in bf16)."""
-    from minillm.layers.paged_attention import prefill_attention
+    from minillm.layers.attention.paged_attention import prefill_attention
 
     q = torch.randn(4096, 32, 128, dtype=dtype, device="cuda")
     k, v = (torch.randn(32768, 8, 128, dtype=dtype, device="cuda") for _ in range(2))

@@ -13,8 +13,8 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from minillm import LLM, SamplingParams, default_model_path
 from minillm.engine.graphs import PAD_SLOT_ID, decode_buckets, pick_bucket
-from minillm.layers.cpu_kernels import cpu_kernels
-from minillm.layers.paged_attention import paged_decode_attention, store_decode_kvcache, store_kvcache
+from minillm.kernels.cpu import cpu_kernels
+from minillm.layers.attention.paged_attention import paged_decode_attention, store_decode_kvcache, store_kvcache
 from minillm.models import build_model
 from minillm.naive import generate_naive
 

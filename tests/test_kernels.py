@@ -1,23 +1,24 @@
-"""minillm.kernels equal the torch references under Triton's interpreter on the CPU (or compiled, on CUDA, where
+"""minillm.kernels.triton equal the torch references under Triton's interpreter on the CPU (or compiled, on CUDA, where
 TRITON_INTERPRET=0 is set): the KV-cache store, paged decode attention, RMSNorm and add+RMSNorm, and the
 engine on the Triton backend giving the torch backend's greedy tokens. Cases are small: the interpreter runs
 every program in Python."""
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton reads it when a kernel is defined: before minillm.kernels
+os.environ.setdefault("TRITON_INTERPRET", "1")  # read when a Triton kernel is defined: before minillm.kernels.triton
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from minillm import LLM, SamplingParams, kernels  # noqa: E402
+from minillm import LLM, SamplingParams  # noqa: E402
 from minillm.config import Config  # noqa: E402
 from minillm.engine import input_batch  # noqa: E402
 from minillm.engine.graphs import PAD_SLOT_ID  # noqa: E402
-from minillm.kernels import common  # noqa: E402
-from minillm.layers import paged_attention as ref  # noqa: E402
+from minillm.kernels import triton as kernels  # noqa: E402
+from minillm.kernels.cpu import cpu_kernels  # noqa: E402
+from minillm.kernels.triton import common  # noqa: E402
+from minillm.layers.attention import paged_attention as ref  # noqa: E402
 from minillm.layers.attention.backends import select_attention_backend  # noqa: E402
-from minillm.layers.cpu_kernels import cpu_kernels  # noqa: E402
 from minillm.layers.linear_method import UnquantizedLinearMethod  # noqa: E402
 from minillm.layers.rms_norm import RMSNorm, add_rms_norm, rms_norm  # noqa: E402
 from minillm.platforms import select_platform  # noqa: E402

@@ -1,4 +1,4 @@
-"""minillm.kernels compiled on CUDA: each kernel equals its torch reference (bf16 and fp32) and is timed against
+"""minillm.kernels.triton compiled on CUDA: each kernel equals its torch reference (bf16 and fp32) and is timed against
 it at a realistic size (median times written to results/gpu/kernel_times.json and printed); the engine on the
 Triton backend, eager and with CUDA graphs, gives the naive loop's greedy tokens. scripts/gpu_check.sh runs
 these with TRITON_INTERPRET=0, as the exercise tests otherwise switch the interpreter on for the session."""
@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from minillm import LLM, SamplingParams, kernels
-from minillm.layers import paged_attention as ref
+from minillm import LLM, SamplingParams
+from minillm.kernels import triton as kernels
+from minillm.layers.attention import paged_attention as ref
 from minillm.layers.rms_norm import add_rms_norm, rms_norm
 from minillm.models import build_model
 from minillm.naive import generate_naive

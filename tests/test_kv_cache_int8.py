@@ -8,18 +8,19 @@ float engine's; the blocks that fit in the same memory."""
 import functools
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton reads it when a kernel is defined: before minillm.kernels
+os.environ.setdefault("TRITON_INTERPRET", "1")  # read when a Triton kernel is defined: before minillm.kernels.triton
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from minillm import LLM, SamplingParams, kernels  # noqa: E402
+from minillm import LLM, SamplingParams  # noqa: E402
 from minillm.config import Config, ModelConfig  # noqa: E402
 from minillm.engine import kv_cache  # noqa: E402
-from minillm.layers import paged_attention as ref  # noqa: E402
+from minillm.kernels import triton as kernels  # noqa: E402
+from minillm.kernels.cpu import cpu_kernels, paged_decode_attention_int8_cpu, store_kvcache_int8_cpu  # noqa: E402
 from minillm.layers.attention import Attention  # noqa: E402
+from minillm.layers.attention import paged_attention as ref  # noqa: E402
 from minillm.layers.attention.backends import CPUAttentionBackend  # noqa: E402
-from minillm.layers.cpu_kernels import cpu_kernels, paged_decode_attention_int8_cpu, store_kvcache_int8_cpu  # noqa: E402
 from minillm.models import build_model  # noqa: E402
 from minillm.naive import generate as naive_generate  # noqa: E402  (the module: minillm.naive.generate)
 from minillm.naive import generate_cached  # noqa: E402

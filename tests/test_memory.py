@@ -17,7 +17,7 @@ import gc, json, sys
 import torch
 from minillm import LLM
 from minillm.bench.memory import process_memory
-from minillm.layers.cpu_kernels import cpu_kernels, release_freed_memory
+from minillm.kernels.cpu import cpu_kernels, release_freed_memory
 cpu_kernels()  # the C++ kernels' build (or load) happens before the measurement
 gc.collect(); release_freed_memory()
 before = process_memory()

@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 from checkpoints import make_checkpoint
 
 from minillm import LLM, SamplingParams
-from minillm.layers.cpu_kernels import cpu_kernels
+from minillm.kernels.cpu import cpu_kernels
 from minillm.models import build_model
 from minillm.utils.parallel import TensorParallelGroup, divide, get_tp_rank, get_tp_size, tensor_parallel
 

@@ -1,4 +1,4 @@
-"""The quantized matmul's C++ kernel (minillm.quantization.kernels: quant_linear_cpu.cpp) against what it must compute,
+"""The quantized matmul's C++ kernel (minillm.kernels.cpu: quant_linear_cpu.cpp) against what it must compute,
 formats.quant_linear_reference: within float rounding on random int8 and GGUF weights, to the bit where every
 product and sum is exact in float too, through both of its paths (the integer kernel up to 64 rows of x, the
 dequantized float32 panels past it); its errors; and its AVX2 build on a machine with AVX-512."""
@@ -14,10 +14,10 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
-from minillm.layers.cpu_kernels import cpu_kernels
+from minillm.kernels.cpu import cpu_kernels, quant_isa, quant_linear
+from minillm.kernels.packing import pack_int8, packed_int8_rows, packed_int8_shape
 from minillm.quantization import formats
 from minillm.quantization.formats import BLOCK, BLOCK_BYTES, I8, NAMES, Q4_0, Q4_1, Q8_0
-from minillm.quantization.kernels import pack_int8, packed_int8_rows, packed_int8_shape, quant_isa, quant_linear
 
 if not cpu_kernels():
     pytest.skip("the CPU kernels could not be built here (see the warning)", allow_module_level=True)
@@ -245,9 +245,10 @@ AVX2_CHECK = """
 import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
-from minillm.layers.cpu_kernels import cpu_kernels
+from minillm.kernels.cpu import cpu_kernels
 from minillm.quantization import formats
-from minillm.quantization.kernels import pack_int8, quant_isa, quant_linear
+from minillm.kernels.cpu import quant_isa, quant_linear
+from minillm.kernels.packing import pack_int8
 assert cpu_kernels()
 print(quant_isa())
 for qtype in (formats.I8, formats.Q8_0, formats.Q4_1):

@@ -1,4 +1,4 @@
-"""minillm.kernels.quant_linear, the Triton quantized matmul of chapter 14, equals formats.quant_linear_reference
+"""minillm.kernels.triton.quant_linear, the Triton quantized matmul of chapter 14, equals formats.quant_linear_reference
 for int8 (I8) and GGUF Q8_0, Q4_0, Q4_1 weights, under Triton's interpreter on the CPU (or compiled, on CUDA, where
 TRITON_INTERPRET=0 is set). Its input quantization is checked bit for bit against formats.quantize_activations,
 halves to even included. Cases are small: the interpreter runs every program in Python.
@@ -12,7 +12,7 @@ typically within a few. A wrong quantized activation, off by one step, is off by
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton reads it when a kernel is defined: before minillm.kernels
+os.environ.setdefault("TRITON_INTERPRET", "1")  # read when a Triton kernel is defined: before minillm.kernels.triton
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -20,9 +20,9 @@ import triton.language as tl  # noqa: E402
 from gguf import GGMLQuantizationType  # noqa: E402
 from gguf.quants import quantize as gguf_quantize  # noqa: E402
 
-from minillm.kernels import common  # noqa: E402
-from minillm.kernels.common import jit  # noqa: E402
-from minillm.kernels.quant_linear import quant_linear, quantize_block  # noqa: E402
+from minillm.kernels.triton import common  # noqa: E402
+from minillm.kernels.triton.common import jit  # noqa: E402
+from minillm.kernels.triton.quant_linear import quant_linear, quantize_block  # noqa: E402
 from minillm.quantization import formats  # noqa: E402
 from minillm.quantization.formats import BLOCK, I8, NAMES, Q4_0, Q4_1, Q8_0  # noqa: E402
 

@@ -19,7 +19,7 @@ from minillm.bench.memory import engine_growth, process_memory
 from minillm.bench.models import num_parameters, weight_bytes
 from minillm.bench.workloads import Workload
 from minillm.config import Config, ModelConfig, resolve_dtype
-from minillm.layers.cpu_kernels import release_freed_memory
+from minillm.kernels.cpu import release_freed_memory
 from minillm.naive import generate_static
 
 PAD = 0  # the transformers backends' padding token: any id serves, padded positions are masked out

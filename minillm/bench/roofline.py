@@ -17,7 +17,8 @@ from minillm.bench.models import num_parameters
 from minillm.bench.models import weight_bytes as model_weight_bytes
 from minillm.config import PACKED_PREFETCH, Config, ModelConfig, resolve_dtype
 from minillm.engine.kv_cache import kv_cache_bytes_per_token
-from minillm.layers.cpu_kernels import cpu_kernels, empty_packed, linear_cpu, linear_packed, pack_weight
+from minillm.kernels.cpu import cpu_kernels, linear_cpu, linear_packed
+from minillm.kernels.packing import empty_packed, pack_weight
 from minillm.utils.autotune import cpu_model, last_level_cache_bytes
 
 MATVEC_METHODS = {"torch_matvec_gb_s": "F.linear matrix-vector", "matvec_gb_s": "packed matrix-vector"}

@@ -21,7 +21,7 @@ from minillm.engine.kv_cache import (
 )
 from minillm.engine.scheduler_output import SchedulerOutput
 from minillm.engine.sequence import Sequence
-from minillm.layers.paged_attention import slot_mapping_for
+from minillm.layers.attention.paged_attention import slot_mapping_for
 from minillm.layers.rejection_sampler import RejectionSampler
 from minillm.layers.sampler import Sampler, SamplingMetadata
 from minillm.models import build_model

@@ -1,22 +1,9 @@
-"""Triton kernels for the engine's hot spots (chapter 09): the KV-cache store, paged decode attention, RMSNorm.
+"""Every kernel minillm runs in place of torch ops, in one place, as vLLM keeps csrc/ and _custom_ops.py:
 
-Each has a torch reference in minillm.layers that it must equal (tests/test_kernels.py). On CUDA they are
-compiled; on a CPU they run only in Triton's interpreter, with TRITON_INTERPRET=1 set before this package is
-first imported (Triton reads it when a kernel is defined).
-"""
+- csrc/: the C++ kernels for the CPU (decode attention, the KV-cache store, the elementwise layers, the float32 and
+  quantized matmuls), built on first use by minillm.kernels.cpu, which also wraps each op;
+- packing.py: the weight layouts those matmuls read, made once at load;
+- triton/: chapter 09's and chapter 14's Triton kernels (CUDA, or Triton's interpreter on a CPU).
 
-from minillm.kernels.common import INTERPRET, check_device
-from minillm.kernels.kv_cache import store_kvcache, store_kvcache_int8
-from minillm.kernels.layernorm import add_rms_norm, norm, rms_norm
-from minillm.kernels.paged_attention import paged_decode_attention
-
-__all__ = [
-    "INTERPRET",
-    "add_rms_norm",
-    "check_device",
-    "norm",
-    "paged_decode_attention",
-    "rms_norm",
-    "store_kvcache",
-    "store_kvcache_int8",
-]
+The layers choose among them through the platform (minillm.platforms); nothing outside this package builds or
+loads a native extension. Importing this package imports neither Triton nor the extension."""

@@ -10,14 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from minillm.config import PACKED_PREFETCH
-from minillm.layers.cpu_kernels import (
-    build_name,
-    embed_packed,
-    linear_packed,
-    pack_weight,
-    pack_weights,
-    release_freed_memory,
-)
+from minillm.kernels.cpu import build_name, linear_packed, release_freed_memory
+from minillm.kernels.packing import embed_packed, pack_weight, pack_weights
 from minillm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from minillm.layers.linear import LinearBase
 from minillm.utils.autotune import KernelChoices, cpu_model, from_memory
@@ -39,7 +33,7 @@ class UnquantizedLinearMethod:
 
 
 class PackedLinearMethod(UnquantizedLinearMethod):
-    """minillm's C++ matmuls (minillm.layers.cpu_kernels) on float32 CPU weights packed once at load, which BLAS
+    """minillm's C++ matmuls (minillm.kernels.cpu) on float32 CPU weights packed once at load, which BLAS
     would repack on every call: a matrix-vector product for one or two rows that streams them at the memory's
     speed, a register-tiled product for more. Row-parallel shards included: under tensor parallelism each rank
     packs its own shard and its partial product runs the same kernel (row_parallel_linear's `linear`).

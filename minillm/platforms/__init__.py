@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 from minillm.config import Config
+from minillm.kernels.cpu import cpu_kernels, norm_cpu, rotary_cpu, silu_and_mul_cpu
 from minillm.layers.activation import SiluAndMul
 from minillm.layers.attention import Attention
 from minillm.layers.attention.backends import TorchAttentionBackend, select_attention_backend, triton_compiles
-from minillm.layers.cpu_kernels import cpu_kernels, norm_cpu, rotary_cpu, silu_and_mul_cpu
 from minillm.layers.linear_method import PackedLinearMethod, UnquantizedLinearMethod
 from minillm.layers.rms_norm import RMSNorm
 from minillm.layers.rotary import RotaryEmbedding
@@ -60,7 +60,8 @@ def select_platform(config: Config, dtype: torch.dtype, tp_size: int = 1, local_
             device = torch.device("cuda", local_rank)
         kernels = {}
         if native and triton_compiles():
-            from minillm import kernels as triton_kernels  # only where Triton compiles: it reads TRITON_INTERPRET
+            # only where Triton compiles: it reads TRITON_INTERPRET
+            from minillm.kernels import triton as triton_kernels
 
             kernels = {RMSNorm: triton_kernels.norm}
         method = UnquantizedLinearMethod()

@@ -6,8 +6,8 @@ decides how a layer's weight is stored and which kernel multiplies by it, and th
 - GGUFLinearMethod (`quantization="gguf"`): reads the GGUF file itself and keeps its Q8_0, Q4_0 and Q4_1 tensors
   in their blocks, as llama.cpp runs them (a linear layer stored in another type is dequantized, with a warning).
 
-Both multiply with `minillm.quantization.kernels.quant_linear` (C++, on a CPU where the kernels build),
-`minillm.kernels.quant_linear` (Triton, on CUDA) or their torch twin `quant_linear_torch`; a tied embedding table
+Both multiply with `minillm.kernels.cpu.quant_linear` (C++, on a CPU where the kernels build),
+`minillm.kernels.triton.quant_linear` (Triton, on CUDA) or their torch twin `quant_linear_torch`; a tied embedding table
 looks its rows up in the LM head's quantized weight.
 """
 
@@ -21,13 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minillm.layers.cpu_kernels import release_freed_memory
+from minillm.kernels.cpu import release_freed_memory
+from minillm.kernels.packing import pack_int8, packed_int8_rows, packed_int8_shape
 from minillm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from minillm.layers.linear import LinearBase
 from minillm.layers.linear_method import UnquantizedLinearMethod
 from minillm.quantization import formats
 from minillm.quantization.formats import BLOCK, BLOCK_BYTES, I8, NAMES, Q4_0, Q4_1, Q8_0
-from minillm.quantization.kernels import pack_int8, packed_int8_rows, packed_int8_shape
 
 
 def quant_linear_torch(x, weight, scale=None, bias=None, *, qtype: int, out_features: int) -> torch.Tensor:
@@ -67,9 +67,9 @@ class QuantizedLinearMethod(UnquantizedLinearMethod):
 
     def __init__(self, kernel: str):
         if kernel == "cpu":
-            from minillm.quantization.kernels import quant_linear
+            from minillm.kernels.cpu import quant_linear
         elif kernel == "triton":  # only where Triton compiles: it reads TRITON_INTERPRET
-            from minillm.kernels.quant_linear import quant_linear
+            from minillm.kernels.triton.quant_linear import quant_linear
         self.kernel, self.linear = kernel, quant_linear_torch if kernel == "torch" else quant_linear
 
     packed = False  # whether the weights are packed for the CPU kernel (int8's are: kernels.pack_int8)

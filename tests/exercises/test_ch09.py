@@ -1,7 +1,7 @@
 """Chapter 09 exercises, graded in Triton's interpreter on the CPU: the store kernel (09.1), the online-softmax
 update of the paged decode kernel (09.2) and the fused add+RMSNorm kernel (09.3).
 
-Your kernel is plugged into minillm.kernels and launched by its launcher, then compared with the torch
+Your kernel is plugged into minillm.kernels.triton and launched by its launcher, then compared with the torch
 reference of chapters 04, 05 and 08. Cases are small: the interpreter runs every program in Python.
 
     python -m minillm.course grade 09
@@ -9,14 +9,14 @@ reference of chapters 04, 05 and 08. Cases are small: the interpreter runs every
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton reads it when a kernel is defined: before minillm.kernels
+os.environ.setdefault("TRITON_INTERPRET", "1")  # read when a Triton kernel is defined: before minillm.kernels.triton
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from minillm import kernels  # noqa: E402
+from minillm.kernels import triton as kernels  # noqa: E402
 from minillm.course import use_impl  # noqa: E402
-from minillm.layers import paged_attention as ref  # noqa: E402
+from minillm.layers.attention import paged_attention as ref  # noqa: E402
 from minillm.layers.rms_norm import add_rms_norm  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not kernels.INTERPRET, reason="graded in Triton's interpreter: unset TRITON_INTERPRET")

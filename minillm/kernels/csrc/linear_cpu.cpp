@@ -1,6 +1,6 @@
 // y = x @ wᵀ (+ bias): the matmuls of the linear layers on the CPU, on a weight packed once at load.
 //
-// The weight [out, in] is laid out in panels of NR output features, [out / NR, in, NR] (cpu_kernels.pack_weight):
+// The weight [out, in] is laid out in panels of NR output features, [out / NR, in, NR] (packing.pack_weight):
 // for each input feature, the NR weights of a panel sit side by side, two vectors. Two kernels read it:
 //
 // 1. `stream`, for one or two rows of x (a decode step at batch 1 or 2): a matrix-vector product. Every weight is read
@@ -8,7 +8,7 @@
 // stream of bytes: the easiest read there is for the hardware prefetcher, helped along by a software prefetch a few KiB
 // ahead, whose hint and distance are arguments: the engine times the variants on the CPU it runs on
 // (PackedLinearMethod): which hint helps depends on the vendor's caches and prefetchers. The weights
-// live in 2 MiB pages (cpu_kernels.pack_weight), so a stream of hundreds of MB needs a few hundred TLB entries, not a
+// live in 2 MiB pages (packing.pack_weight), so a stream of hundreds of MB needs a few hundred TLB entries, not a
 // hundred thousand. BLAS libraries tune for big products; for a handful of rows they can read the weight at a fraction
 // of the bandwidth (F.linear's MKL: 8-10 GB/s for one row on a 2-core AMD EPYC whose memory gives ~22; on an Intel Xeon
 // within 10% at one row, not four).
@@ -110,7 +110,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::opti
               packed.scalar_type(), " weight");
   TORCH_CHECK(x.dim() == 2 && packed.dim() == 3 && packed.size(1) == x.size(1) && packed.size(2) == NR &&
                   packed.size(0) * NR >= out && x.is_contiguous() && packed.is_contiguous(),
-              "linear_cpu: x [rows, in] contiguous and a weight packed by cpu_kernels.pack_weight, [out / ", NR,
+              "linear_cpu: x [rows, in] contiguous and a weight packed by packing.pack_weight, [out / ", NR,
               ", in, ", NR, "], got ", x.sizes(), " and ", packed.sizes());
   TORCH_CHECK(!bias || (bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == out),
               "linear_cpu: bias must be a contiguous float32 [out]");

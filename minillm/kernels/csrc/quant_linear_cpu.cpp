@@ -28,7 +28,7 @@
 // Why int8 rows come in groups of four. A row of 768 int8 weights is read in a dozen steps, and each step of one row
 // loads its x block and scales, and each row ends in a horizontal sum: at 1 byte a weight that bookkeeping, not the
 // memory, would set the pace when the cores are busy. So the CPU path stores an int8 weight packed
-// (kernels.pack_int8): rows in groups of GROUP, block by block, [out / 4, in / 32, 4, 32]. A group's blocks are
+// (packing.pack_int8): rows in groups of GROUP, block by block, [out / 4, in / 32, 4, 32]. A group's blocks are
 // still one run of bytes, one load of x serves four rows, and with AVX-512 one register holds a block of two rows
 // (x's block loaded into both halves). Measured on a 2-core AMD EPYC over the 49 matmuls of a 100M model's decode
 // step, from memory: 1.06x the row-by-row loop (0.97-1.26x); from the L3 cache, 40 -> 62-69 GB/s. A plain software
@@ -67,7 +67,7 @@ constexpr int64_t BLOCK = 32;        // weights (and activations) per block, one
 constexpr int64_t R_MAX = 4;         // rows of x that share each load of a weight block
 constexpr int64_t DECODE_ROWS = 64;  // up to how many rows of x the integer kernel runs; the fp32 panels past it
 constexpr int64_t PREFETCH = 8192;   // bytes ahead of the weight reads that a decode thread asks the cache for
-constexpr int64_t GROUP = 4;         // int8 weight rows packed together, block by block (kernels.pack_int8)
+constexpr int64_t GROUP = 4;         // int8 weight rows packed together, block by block (packing.pack_int8)
 constexpr int I8 = 24, Q8_0 = 8, Q4_0 = 2, Q4_1 = 3;  // formats.py's type codes (ggml's, and ours for I8)
 
 inline float half(const uint8_t* p) {  // a little-endian float16
@@ -500,7 +500,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& weight, const std
               weight.scalar_type(), " on ", weight.device());
   const int64_t groups = (out + GROUP - 1) / GROUP;
   TORCH_CHECK(qtype != I8 || weight.sizes() == at::IntArrayRef({groups, in / BLOCK, GROUP, BLOCK}),
-              "quant_linear: an int8 weight is packed for this kernel by minillm.quantization.kernels.pack_int8: for ",
+              "quant_linear: an int8 weight is packed for this kernel by minillm.kernels.packing.pack_int8: for ",
               out, " outputs of ", in, " inputs [", groups, ", ", in / BLOCK, ", ", GROUP, ", ", BLOCK, "], got ",
               weight.sizes());
   TORCH_CHECK(qtype == I8 || (weight.dim() == 2 && weight.size(0) == out && weight.size(1) == in / BLOCK * block_bytes),

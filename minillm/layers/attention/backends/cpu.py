@@ -1,16 +1,16 @@
-"""The CPU attention backend: minillm's C++ kernels (minillm.layers.cpu_kernels), as vLLM's CPU backend has its own."""
+"""The CPU attention backend: minillm's C++ kernels (minillm.kernels.cpu), as vLLM's CPU backend has its own."""
 
 import torch
 
-from minillm.layers.attention.backends.torch import TorchAttentionBackend
-from minillm.layers.cpu_kernels import (
+from minillm.kernels.cpu import (
     cpu_kernels,
     paged_decode_attention_cpu,
     paged_decode_attention_int8_cpu,
     store_kvcache_cpu,
     store_kvcache_int8_cpu,
 )
-from minillm.layers.paged_attention import paged_decode_attention
+from minillm.layers.attention.backends.torch import TorchAttentionBackend
+from minillm.layers.attention.paged_attention import paged_decode_attention
 from minillm.utils.context import Context
 
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from minillm.layers.paged_attention import (
+from minillm.layers.attention.paged_attention import (
     dequantize_kv,
     gather_context,
     gather_context_int8,

@@ -1,4 +1,4 @@
-"""The Triton attention backend: chapter 09's kernels (minillm.kernels)."""
+"""The Triton attention backend: chapter 09's kernels (minillm.kernels.triton)."""
 
 import torch
 
@@ -14,14 +14,15 @@ class TritonAttentionBackend(TorchAttentionBackend):
     fused SDPA call per sequence already.
 
     On CUDA the kernels are compiled. On a CPU they run only in Triton's interpreter, which needs
-    TRITON_INTERPRET=1 in the environment before minillm.kernels is first imported; without it the first step
+    TRITON_INTERPRET=1 in the environment before minillm.kernels.triton is first imported; without it the first step
     raises an error that says so. Slow, but the same kernel source: the tests prove the wiring that way.
     """
 
     name = "triton"
 
     def __init__(self):
-        from minillm import kernels  # here, not at the top: Triton reads TRITON_INTERPRET when kernels are defined
+        # here, not at the top: Triton reads TRITON_INTERPRET when kernels are defined
+        from minillm.kernels import triton as kernels
 
         self.kernels = kernels
 

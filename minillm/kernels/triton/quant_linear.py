@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minillm.kernels.common import check_device, jit, kernel_errors
+from minillm.kernels.triton.common import check_device, jit, kernel_errors
 from minillm.quantization.formats import BLOCK, BLOCK_BYTES, I8, NAMES, Q4_0, Q4_1, Q8_0
 
 # a kernel may read a global only if it is a tl.constexpr: the type codes and the block size, as the kernel sees them

@@ -1,7 +1,7 @@
 """What every kernel launcher shares: the interpreter switch, the device check, and readable errors.
 
 Triton reads TRITON_INTERPRET when a kernel is *defined* (at `@triton.jit`), so it must be set before
-minillm.kernels is first imported. Set to 1, every launch runs the kernel's Python source on the CPU, one
+minillm.kernels.triton is first imported. Set to 1, every launch runs the kernel's Python source on the CPU, one
 program after another, with numpy standing in for the GPU: slow, but the same code, and exact enough to
 compare with torch at 1e-5. triton.language's own helpers (tl.sum, tl.max, tl.cdiv, tl.zeros ...) are
 kernels too, defined when triton is first imported, often earlier (torch.compile imports it): see
@@ -49,7 +49,7 @@ def check_device(*tensors: torch.Tensor) -> None:
     if not INTERPRET and any(t.is_cpu for t in tensors):
         raise RuntimeError(
             "minillm's Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 in the environment "
-            "before minillm.kernels is first imported, to run them on the CPU in Triton's "
+            "before minillm.kernels.triton is first imported, to run them on the CPU in Triton's "
             "interpreter (slow; for tests and the course). attention_backend='torch' runs anywhere."
         )
 

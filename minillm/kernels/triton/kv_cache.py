@@ -1,6 +1,6 @@
 """Store a step's new keys and values into the paged KV cache: one Triton program per token.
 
-The torch version (minillm.layers.paged_attention.store_kvcache) masks out slot -1 first, which on a GPU
+The torch version (minillm.layers.attention.paged_attention.store_kvcache) masks out slot -1 first, which on a GPU
 means a data-dependent number of rows; here each program reads its own slot and simply returns when it is
 -1, so nothing is synchronised and a CUDA graph can record the launch. vLLM's kernel is
 `reshape_and_cache_flash`; nano-vllm's is this one, `store_kvcache_kernel`.
@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minillm.kernels.common import check_device, jit, kernel_errors
+from minillm.kernels.triton.common import check_device, jit, kernel_errors
 
 
 @jit
@@ -63,7 +63,7 @@ def store_kvcache(
     key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
     """Write key/value [num_tokens, kv_heads, head_dim] into their slots of k_cache/v_cache, in place; slot -1
-    skipped. Same contract as minillm.layers.paged_attention.store_kvcache, as one kernel launch."""
+    skipped. Same contract as minillm.layers.attention.paged_attention.store_kvcache, as one kernel launch."""
     check_device(key, value, k_cache, v_cache, slot_mapping)
     num_tokens, kv_heads, head_dim = key.shape
     D = kv_heads * head_dim
@@ -103,7 +103,7 @@ def store_kvcache_int8_kernel(
     HEAD_DIM_PAD: tl.constexpr,
 ):
     """store_kvcache_kernel for an int8 cache (kv_cache_dtype="int8"): program t quantizes token t's key and value,
-    each KV head's vector with its own scale (minillm.layers.paged_attention.quantize_kv), and stores the int8
+    each KV head's vector with its own scale (minillm.layers.attention.paged_attention.quantize_kv), and stores the int8
     numbers at slot * KV_HEADS * HEAD_DIM of the caches, the KV_HEADS scales at slot * KV_HEADS of the scales."""
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token)
@@ -146,7 +146,7 @@ def store_kvcache_int8(
     v_scale: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """minillm.layers.paged_attention.store_kvcache_int8 (slot -1 skipped) as one kernel launch: keys and values
+    """minillm.layers.attention.paged_attention.store_kvcache_int8 (slot -1 skipped) as one kernel launch: keys and values
     quantized per KV head into int8 caches [num_blocks, block_size, kv_heads, head_dim] and float32 scales
     [num_blocks, block_size, kv_heads], all contiguous."""
     check_device(key, value, k_cache, v_cache, k_scale, v_scale, slot_mapping)

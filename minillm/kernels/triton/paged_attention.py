@@ -1,6 +1,6 @@
 """Paged decode attention in Triton: one program per (sequence, KV head) walks the sequence's blocks.
 
-The torch version (minillm.layers.paged_attention.paged_decode_attention) first copies every sequence's keys
+The torch version (minillm.layers.attention.paged_attention.paged_decode_attention) first copies every sequence's keys
 out of the cache into one padded tensor, then attends. This kernel reads each key once, straight from its
 block, and never materialises the scores of the whole context: it keeps a running maximum, a running sum
 of exponentials and a running weighted sum of values (the online softmax of FlashAttention), updated block
@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minillm.kernels.common import check_device, jit, kernel_errors
+from minillm.kernels.triton.common import check_device, jit, kernel_errors
 
 
 @jit
@@ -121,7 +121,7 @@ def paged_decode_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Same contract as minillm.layers.paged_attention.paged_decode_attention, as one kernel launch:
+    """Same contract as minillm.layers.attention.paged_attention.paged_decode_attention, as one kernel launch:
     q [num_seqs, heads, head_dim] → [num_seqs, heads, head_dim], each query over its context in the cache. With
     k_scale and v_scale, the caches are int8 and those their scales (paged_decode_attention_int8's contract)."""
     check_device(q, k_cache, v_cache, block_tables, context_lens)

@@ -11,7 +11,10 @@
 - the matmuls of the linear layers (linear_cpu.cpp), on a weight packed once into panels of output features:
   for one or two rows (decode at batch 1 or 2) a matrix-vector product bound by memory bandwidth, where BLAS
   reads the weights at a fraction of it; for more rows a matrix-matrix product, where BLAS repacks the weight on
-  every call.
+  every call (the layouts: minillm.kernels.packing).
+- the quantized matmuls (quant_linear_cpu.cpp) on int8 and GGUF blocks: for a few rows x is quantized blockwise
+  to int8 and the products summed exactly in integer lanes, each weight byte read once; for many rows a panel of
+  the weight is dequantized at a time and run through the float32 register tile.
 
 They are compiled together on first use by torch.utils.cpp_extension (a C++ compiler and ninja; -march=native,
 so built for this machine), once: the build is cached in torch's extensions directory under a name that carries
@@ -22,7 +25,6 @@ built, `cpu_kernels` says why in one warning and returns False, and callers keep
 import ctypes
 import functools
 import hashlib
-import itertools
 import os
 import platform
 import shutil
@@ -35,7 +37,7 @@ import torch.nn.functional as F
 from minillm.config import PACKED_PREFETCH
 
 SOURCES = [
-    Path(__file__).parents[1] / "kernels" / "csrc" / name
+    Path(__file__).parent / "csrc" / name
     for name in (
         "paged_attention_cpu.cpp",
         "kv_cache_cpu.cpp",
@@ -127,7 +129,7 @@ def paged_decode_attention_cpu(
     context_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """minillm.layers.paged_attention.paged_decode_attention for float32 CPU tensors, read in place: same
+    """minillm.layers.attention.paged_attention.paged_decode_attention for float32 CPU tensors, read in place: same
     arguments, same result (to float rounding). Every context_lens[i] must be ≥ 1; table entries past a
     sequence's context (the -1 padding) are never read. Call `cpu_kernels()` first, which builds it."""
     return torch.ops.minillm_cpu.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
@@ -141,7 +143,7 @@ def store_kvcache_cpu(
     slot_mapping: torch.Tensor,
     is_prefill: bool = True,
 ) -> None:
-    """In place, token t's key and value to slot slot_mapping[t]: minillm.layers.paged_attention.store_kvcache
+    """In place, token t's key and value to slot slot_mapping[t]: minillm.layers.attention.paged_attention.store_kvcache
     (a prefill: slot -1 writes nothing) or, with is_prefill False, store_decode_kvcache (slot -1 is a padded
     row's, written to the spare last slot). For CPU tensors; call `cpu_kernels()` first, which builds it."""
     torch.ops.minillm_cpu.store_kvcache(k, v, k_cache, v_cache, slot_mapping, is_prefill)
@@ -158,7 +160,7 @@ def paged_decode_attention_int8_cpu(
     scale: float,
 ) -> torch.Tensor:
     """paged_decode_attention_cpu over an int8 cache and its float32 scales [num_blocks, block_size, kv_heads]
-    (kv_cache_dtype="int8"): minillm.layers.paged_attention.paged_decode_attention_int8, read in place, the int8
+    (kv_cache_dtype="int8"): minillm.layers.attention.paged_attention.paged_decode_attention_int8, read in place, the int8
     numbers converted to floats in registers. Call `cpu_kernels()` first, which builds it."""
     return torch.ops.minillm_cpu.paged_decode_attention_int8(
         q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, scale
@@ -176,48 +178,8 @@ def store_kvcache_int8_cpu(
     is_prefill: bool = True,
 ) -> None:
     """store_kvcache_cpu into an int8 cache: each token's float32 key and value quantized per KV head (as
-    minillm.layers.paged_attention.quantize_kv) into its slot of the cache and of the scales, in place."""
+    minillm.layers.attention.paged_attention.quantize_kv) into its slot of the cache and of the scales, in place."""
     torch.ops.minillm_cpu.store_kvcache_int8(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, is_prefill)
-
-
-@functools.cache
-def panel_width() -> int:
-    """Output features per panel of a packed weight: the kernel's NR, two vectors of the instruction set it was
-    built for (16 floats with AVX2, 32 with AVX-512). Call `cpu_kernels()` first."""
-    return torch.ops.minillm_cpu.panel_width()
-
-
-def pack_weight(weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """A linear layer's weight [out, in] as the matmul kernel reads it: [panels, in, P] with P = panel_width(),
-    where panel p holds output features p·P .. p·P + P - 1 and, for each input feature, their P weights side by
-    side (so a step over the inputs loads two whole vectors). Zero rows pad `out` to a multiple of P. Written
-    into `out` when given (a view of pack_weights' mapping), else into memory of its own backed by 2 MiB pages
-    where the OS allows: a decode step streams every weight, and 4 KiB pages would cost a TLB miss every 4 KiB."""
-    rows, inputs = weight.shape
-    panel = panel_width()
-    out = empty_packed(rows, inputs) if out is None else out
-    full = rows - rows % panel  # whole panels straight from the weight, then the last one padded with zeros
-    out[: full // panel].copy_(weight[:full].detach().view(-1, panel, inputs).transpose(1, 2))
-    if full < rows:
-        out[-1].zero_()[:, : rows - full].copy_(weight[full:].detach().T)
-    return out
-
-
-def pack_weights(weights: list[torch.Tensor]) -> list[torch.Tensor]:
-    """pack_weight of each weight, all in one mapping backed by 2 MiB pages: a mapping per weight would round
-    each up to a whole 2 MiB page (120 MB lost on SmolLM2-135M's 211 matrices)."""
-    panel = panel_width()
-    shapes = [(-(-w.shape[0] // panel), w.shape[1], panel) for w in weights]
-    arena = torch.ops.minillm_cpu.empty_pages([sum(a * b * c for a, b, c in shapes)])
-    offsets = itertools.accumulate((a * b * c for a, b, c in shapes), initial=0)
-    return [pack_weight(w, arena[o : o + a * b * c].view(a, b, c)) for w, o, (a, b, c) in zip(weights, offsets, shapes)]
-
-
-def empty_packed(out: int, inputs: int) -> torch.Tensor:
-    """An uninitialised packed weight for `out` output features of `inputs` inputs, [ceil(out / P), inputs, P]
-    (P = panel_width()), in a mapping of its own that the OS is asked to back by 2 MiB pages."""
-    panel = panel_width()
-    return torch.ops.minillm_cpu.empty_pages([-(-out // panel), inputs, panel])
 
 
 def linear_packed(
@@ -247,13 +209,6 @@ def linear_cpu(
     return linear_packed(x, packed, bias, out_features=weight.shape[0])
 
 
-def embed_packed(input_ids: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-    """Embedding lookup (row t of the table for id t) read from the table's packed layout: with tied embeddings
-    the LM head's packed weight is the only copy of the table. Row t is column t % P of panel t // P."""
-    panel = packed.shape[2]
-    return packed[input_ids // panel, :, input_ids % panel]
-
-
 def norm_cpu(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
     """RMSNorm.forward by the C++ kernels: rms_norm(x, weight, eps), or with a residual add_rms_norm's pair."""
     if residual is None:
@@ -269,6 +224,30 @@ def silu_and_mul_cpu(x: torch.Tensor) -> torch.Tensor:
 def rotary_cpu(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor):
     """RotaryEmbedding.forward by the C++ kernel: q and k rotated by each token's row of the cos | sin table."""
     return torch.ops.minillm_cpu.rotary(positions, q, k, cos_sin_cache)
+
+
+def quant_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    *,
+    qtype: int,
+    out_features: int,
+) -> torch.Tensor:
+    """formats.quant_linear_reference(x, weight, qtype, scale, bias) for float32 CPU tensors, x's leading dimensions
+    flattened and kept: for qtype I8 the int8 weight [out, in] packed by pack_int8 with its float32 row scales
+    `scale`, for Q8_0, Q4_0 and Q4_1 the uint8 GGUF blocks [out, in / 32 · block bytes]; in a multiple of 32."""
+    y = torch.ops.minillm_cpu.quant_linear(
+        x.reshape(-1, x.shape[-1]).contiguous(), weight, scale, bias, qtype, out_features
+    )
+    return y.view(*x.shape[:-1], out_features)
+
+
+def quant_isa() -> str:
+    """The instruction set the kernel was compiled for: "avx512_vnni" (512-bit integer dot products, where torch's
+    capability is AVX-512), "avx2" or "scalar"."""
+    return torch.ops.minillm_cpu.quant_isa()
 
 
 def release_freed_memory() -> None:

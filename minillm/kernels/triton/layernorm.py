@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minillm.kernels.common import check_device, jit, kernel_errors
+from minillm.kernels.triton.common import check_device, jit, kernel_errors
 
 
 @jit
@@ -107,7 +107,7 @@ def add_rms_norm(
 
 def norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
     """RMSNorm.forward by the Triton kernels (an RMSNorm layer's `kernel`): rms_norm(x, weight, eps) when
-    residual is None, else add_rms_norm's pair (normed, new_residual), as minillm.layers.cpu_kernels.norm_cpu."""
+    residual is None, else add_rms_norm's pair (normed, new_residual), as minillm.kernels.cpu.norm_cpu."""
     if residual is None:
         return rms_norm(x, weight, eps)
     return add_rms_norm(x, residual, weight, eps)

@@ -7,7 +7,14 @@ import torch
 
 from minillm import platforms
 from minillm.config import Config
-from minillm.kernels.cpu import cpu_kernels, linear_cpu, linear_packed, paged_decode_attention_cpu, store_kvcache_cpu
+from minillm.kernels.cpu import (
+    cpu_kernels,
+    decode_attention_cpu,
+    linear_cpu,
+    linear_packed,
+    paged_decode_attention_cpu,
+    store_kvcache_cpu,
+)
 from minillm.kernels.packing import embed_packed, empty_packed, pack_weight, pack_weights, panel_width
 from minillm.layers import linear_method
 from minillm.layers.attention.backends import CPUAttentionBackend, cpu
@@ -115,7 +122,8 @@ def test_decode_attention_stores_then_attends():
     expected_k, expected_v = k_cache.clone(), v_cache.clone()
     store_kvcache_cpu(k, v, expected_k, expected_v, slots, is_prefill=False)
     expected = paged_decode_attention_cpu(q, expected_k, expected_v, tables, lens, 0.2)
-    out = torch.ops.minillm_cpu.decode_attention(q, k, v, k_cache, v_cache, slots, tables, lens, 0.2)
+    ctx = Context(slot_mapping=slots, block_tables=tables, context_lens=lens)
+    out = decode_attention_cpu(q, k, v, k_cache, v_cache, ctx, 0.2)
     assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v) and torch.equal(out, expected)
 
 

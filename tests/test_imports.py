@@ -1,5 +1,6 @@
 """The package's layering, checked from its source (DESIGN.md §3): no import cycle in minillm/, no layer that reaches
-into the engine, and core files short enough to read in one sitting.
+into the engine, native code reached only through minillm/kernels/, and core files short enough to read
+in one sitting.
 
 The import graph is read with `ast`, so nothing is imported to build it: one node per module (a package's
 `__init__.py` is a node of its own, `minillm.engine`), one edge per `import` or `from ... import`, those inside
@@ -142,4 +143,26 @@ def test_core_files_are_short():
     assert not long, (
         f"core files over {MAX_LINES} lines:\n" + "\n".join(long) + "\nSplit each: move a part with a name of its "
         "own (a class, a group of pure functions) into a module beside it (nano-vllm's largest file is ~260 lines)."
+    )
+
+
+def test_only_minillm_kernels_builds_or_calls_native_code():
+    """The C++ extension is built, loaded and called in minillm/kernels/ alone (kernels/cpu.py wraps every op), as
+    vLLM keeps its ops behind _custom_ops.py: elsewhere no torch.utils.cpp_extension, no torch.ops.minillm_cpu, no
+    torch.ops.load_library."""
+    wrong = []
+    for module, path in MODULES.items():
+        if module == "minillm.kernels" or module.startswith("minillm.kernels."):
+            continue
+        for node in walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            elif isinstance(node, ast.Attribute):
+                names = [ast.unparse(node)]
+            native = ("torch.utils.cpp_extension", "torch.ops.minillm_cpu", "torch.ops.load_library")
+            wrong += [f"  {path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names if n.startswith(native)]
+    assert not wrong, (
+        "native code reached outside minillm/kernels/:\n" + "\n".join(sorted(set(wrong))) + "\nCall the op through "
+        "its wrapper in minillm/kernels/cpu.py (add one there if it has none)."
     )

@@ -17,13 +17,14 @@ from minillm import LLM, SamplingParams  # noqa: E402
 from minillm.config import Config, ModelConfig  # noqa: E402
 from minillm.engine import kv_cache  # noqa: E402
 from minillm.kernels import triton as kernels  # noqa: E402
-from minillm.kernels.cpu import cpu_kernels, paged_decode_attention_int8_cpu, store_kvcache_int8_cpu  # noqa: E402
+from minillm.kernels.cpu import cpu_kernels, paged_decode_attention_cpu, store_kvcache_cpu  # noqa: E402
 from minillm.layers.attention import Attention  # noqa: E402
 from minillm.layers.attention import paged_attention as ref  # noqa: E402
-from minillm.layers.attention.backends import CPUAttentionBackend  # noqa: E402
+from minillm.layers.attention.backends import CPUAttentionBackend, TorchAttentionBackend  # noqa: E402
 from minillm.models import build_model  # noqa: E402
 from minillm.naive import generate as naive_generate  # noqa: E402  (the module: minillm.naive.generate)
 from minillm.naive import generate_cached  # noqa: E402
+from minillm.utils.context import Context  # noqa: E402
 
 # Decode attention over an int8 cache against the float cache it was quantized from, unit-normal keys, values and
 # queries: each number is off by at most scale / 2 = max|x| / 254 (about 1%), so the outputs by at most ATOL and by
@@ -95,6 +96,16 @@ def decode_case(case, device="cpu"):
     return q, floats, int8, tables, lens, head_dim**-0.5
 
 
+def torch_decode(q, kq, vq, ks, vs, tables, lens, scale):
+    """The torch backend's decode over an int8 cache: the reference every kernel is held to."""
+    return TorchAttentionBackend.paged_decode(q, kq, vq, tables, lens, scale, ks, vs)
+
+
+def torch_store(k, v, kq, vq, ks, vs, slots, decode=False):
+    """The torch backend's store into an int8 cache (a decode step's: slot -1 to the spare last slot)."""
+    TorchAttentionBackend().store_kvcache(k, v, kq, vq, Context(is_prefill=not decode, slot_mapping=slots), ks, vs)
+
+
 def assert_close_to_float(out, expected):
     assert (out - expected).abs().max() < ATOL
     assert (out - expected).norm() < REL_ERR * expected.norm()
@@ -103,7 +114,7 @@ def assert_close_to_float(out, expected):
 @pytest.mark.parametrize("case", sorted(DECODE_CASES))
 def test_torch_decode_over_int8_cache_is_close_to_float(case):
     q, (k, v), (kq, vq, ks, vs), tables, lens, scale = decode_case(case)
-    out = ref.paged_decode_attention_int8(q, kq, vq, ks, vs, tables, lens, scale)
+    out = torch_decode(q, kq, vq, ks, vs, tables, lens, scale)
     assert_close_to_float(out, ref.paged_decode_attention(q, k, v, tables, lens, scale))
     dequantized = ref.dequantize_kv(kq, ks, q.dtype), ref.dequantize_kv(vq, vs, q.dtype)  # the same numbers, exactly
     torch.testing.assert_close(out, ref.paged_decode_attention(q, *dequantized, tables, lens, scale), **TIGHT)
@@ -116,8 +127,8 @@ needs_cpu_kernels = pytest.mark.skipif(not cpu_kernels(), reason="the C++ CPU ke
 @pytest.mark.parametrize("case", sorted(DECODE_CASES))
 def test_cpu_kernel_decode_over_int8_cache(case):
     q, (k, v), (kq, vq, ks, vs), tables, lens, scale = decode_case(case)
-    out = paged_decode_attention_int8_cpu(q, kq, vq, ks, vs, tables, lens, scale)
-    torch.testing.assert_close(out, ref.paged_decode_attention_int8(q, kq, vq, ks, vs, tables, lens, scale), **TIGHT)
+    out = paged_decode_attention_cpu(q, kq, vq, tables, lens, scale, ks, vs)
+    torch.testing.assert_close(out, torch_decode(q, kq, vq, ks, vs, tables, lens, scale), **TIGHT)
     assert_close_to_float(out, ref.paged_decode_attention(q, k, v, tables, lens, scale))
 
 
@@ -126,7 +137,7 @@ def test_cpu_kernel_decode_over_int8_cache(case):
 def test_triton_decode_over_int8_cache(case):
     q, (k, v), (kq, vq, ks, vs), tables, lens, scale = decode_case(case, DEVICE)
     out = kernels.paged_decode_attention(q, kq, vq, tables, lens, scale, ks, vs)
-    torch.testing.assert_close(out, ref.paged_decode_attention_int8(q, kq, vq, ks, vs, tables, lens, scale), **TIGHT)
+    torch.testing.assert_close(out, torch_decode(q, kq, vq, ks, vs, tables, lens, scale), **TIGHT)
     assert_close_to_float(out, ref.paged_decode_attention(q, k, v, tables, lens, scale))
 
 
@@ -147,7 +158,7 @@ def store_inputs(kv_heads=3, head_dim=24, num_blocks=5, block_size=4, device="cp
 def test_torch_store_writes_quantized_keys_and_scales_into_their_slots_only():
     k, v, slots, caches = store_inputs()
     before = [c.clone() for c in caches]
-    ref.store_kvcache_int8(k, v, *caches, slots)
+    torch_store(k, v, *caches, slots)
     (kq, ks), (vq, vs) = ref.quantize_kv(k), ref.quantize_kv(v)
     real = slots >= 0
     for cache, old, new in zip(caches, before, (kq, vq, ks, vs)):
@@ -156,7 +167,7 @@ def test_torch_store_writes_quantized_keys_and_scales_into_their_slots_only():
         untouched = [s for s in range(len(flat)) if s not in slots.tolist()]
         assert torch.equal(flat[untouched], old_flat[untouched])
     k, v, slots, caches = store_inputs(decode=True)  # a decode step: slot -1 is a padded row's, to the spare slot
-    ref.store_kvcache_int8(k, v, *caches, slots, decode=True)
+    torch_store(k, v, *caches, slots, decode=True)
     (kq, ks), _ = ref.quantize_kv(k), ref.quantize_kv(v)
     assert torch.equal(caches[0].flatten(0, 1)[-1], kq[6]) and torch.equal(caches[2].flatten(0, 1)[-1], ks[6])
 
@@ -166,8 +177,9 @@ def test_torch_store_writes_quantized_keys_and_scales_into_their_slots_only():
 def test_cpu_store_equals_torch_store(is_prefill):
     k, v, slots, caches = store_inputs(decode=not is_prefill)
     expected = [c.clone() for c in caches]
-    ref.store_kvcache_int8(k, v, *expected, slots, decode=not is_prefill)
-    store_kvcache_int8_cpu(k, v, *caches, slots, is_prefill)
+    torch_store(k, v, *expected, slots, decode=not is_prefill)
+    kq, vq, ks, vs = caches
+    store_kvcache_cpu(k, v, kq, vq, slots, is_prefill, ks, vs)
     assert all(torch.equal(c, e) for c, e in zip(caches, expected))  # bit for bit: the same rounding
 
 
@@ -175,8 +187,9 @@ def test_cpu_store_equals_torch_store(is_prefill):
 def test_triton_store_equals_torch_store():
     k, v, slots, caches = store_inputs(device=DEVICE)
     expected = [c.clone() for c in caches]
-    ref.store_kvcache_int8(k, v, *expected, slots)
-    kernels.store_kvcache_int8(k, v, *caches, slots)
+    torch_store(k, v, *expected, slots)
+    kq, vq, ks, vs = caches
+    kernels.store_kvcache(k, v, kq, vq, slots, ks, vs)
     assert all(torch.equal(c, e) for c, e in zip(caches, expected))
 
 
@@ -255,17 +268,17 @@ def test_int8_engine_agrees_with_the_float_engine_on_most_tokens(tiny_checkpoint
 @needs_cpu_kernels
 def test_compiled_decode_steps_read_the_int8_cache_through_the_cpu_kernel(tiny_checkpoint, naive_int8, monkeypatch):
     traced = []
-    decode_in_graph = CPUAttentionBackend.decode_in_graph_int8
+    decode_in_graph = CPUAttentionBackend.decode_in_graph
 
     def spy(self, *args):  # called while dynamo traces a bucket's step: the C++ store-and-attend goes in the graph
-        traced.append(out := decode_in_graph(self, *args))
+        traced.append((out := decode_in_graph(self, *args), args[-2]))
         return out
 
-    monkeypatch.setattr(CPUAttentionBackend, "decode_in_graph_int8", spy)
+    monkeypatch.setattr(CPUAttentionBackend, "decode_in_graph", spy)
     llm = LLM(tiny_checkpoint, kv_cache_dtype="int8", enforce_eager=False, max_num_seqs=1)  # one bucket
     outputs = llm.generate(prompts()[:2], GREEDY, use_tqdm=False)
     assert [out.token_ids for out in outputs] == naive_int8[:2]
-    assert traced and all(out is not None for out in traced)
+    assert traced and all(out is not None and k_scale is not None for out, k_scale in traced)  # the int8 cache's
 
 
 def test_a_borrowed_model_gets_its_int8_cache_back(tiny_checkpoint):

@@ -222,7 +222,7 @@ def test_verdict_range_says_whether_every_pair_went_the_same_way():
     )
     mixed = verdict_range([4.0, 8.0], [5.0, 4.0], "compiled forwards", than="eager")
     assert mixed == "compiled forwards are 0.80x to 2.00x against eager: faster at some, slower at others here"
-    assert verdict_range([4.0, 8.0], [5.0, 10.0], "x") == "x are 0.80x to 0.80x: slower here"
+    assert verdict_range([4.0, 8.0], [5.0, 10.0], "x") == "x are 0.80x: slower here"  # one ratio: no range
 
 
 # --- portability: what the notebooks say where Triton or OpenMP is missing -----------------------------------------

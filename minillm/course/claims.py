@@ -48,18 +48,7 @@ def direction(
     return words[2] if abs(ratio - 1) <= same_within else words[0] if ratio > 1 else words[1]
 
 
-def verdict(
-    baseline: float,
-    candidate: float,
-    subject: str,
-    *,
-    than: str = "",
-    where: str = "here",
-    verb: str = "are",
-    lower_is_better: bool = True,
-    same_within: float = SAME_WITHIN,
-    digits: int = 2,
-) -> Claim:
+def verdict(baseline: float, candidate: float, subject: str, **options) -> Claim:
     """The measured comparison of `candidate` with `baseline`, as a sentence about `subject`.
 
     baseline, candidate: two measurements of the same thing, both > 0; times by default (lower is better), or
@@ -70,14 +59,9 @@ def verdict(
         verdict(6.7, 8.5, "compiled layers", than="eager")    compiled layers are 0.79x: slower than eager here
         verdict(6.7, 6.8, "compiled layers", than="eager")    compiled layers are 0.99x: about the same as eager here
 
-    `than` names the baseline, `where` the place of the measurement ("here", "on this CPU", "" for none), `verb`
-    agrees with the subject ("is" for a singular one); within `same_within` of 1 is "about the same".
+    The options are verdict_range's: a verdict is the range of one pair.
     """
-    ratio = speedup(baseline, candidate, lower_is_better)
-    word = direction(ratio, same_within)
-    against = f" {'as' if word == 'about the same' else 'than'} {than}" if than else ""
-    text = f"{ratio:.{digits}f}x faster" if word == "faster" else f"{ratio:.{digits}f}x: {word}"
-    return Claim(f"{subject} {verb} {text}{against}{' ' + where if where else ''}")
+    return verdict_range([baseline], [candidate], subject, **options)
 
 
 def verdict_range(
@@ -94,12 +78,15 @@ def verdict_range(
 ) -> Claim:
     """verdict over several paired measurements (one per batch size, say): the range of the speedups, and
     whether they all went one way ("1.37x to 2.43x faster"), or not ("0.92x to 1.40x: faster at some, slower
-    at others")."""
+    at others"). `than` names the baseline, `where` the place of the measurement ("here", "on this CPU", "" for
+    none), `verb` agrees with the subject ("is" for a singular one); within `same_within` of 1 is "about the
+    same"."""
     ratios = [speedup(b, c, lower_is_better) for b, c in zip(baselines, candidates, strict=True)]
     if not ratios:
         raise ValueError("verdict_range needs at least one pair of measurements")
     words = {direction(r, same_within) for r in ratios}
-    span = f"{min(ratios):.{digits}f}x to {max(ratios):.{digits}f}x"
+    low, high = f"{min(ratios):.{digits}f}x", f"{max(ratios):.{digits}f}x"
+    span = low if low == high else f"{low} to {high}"
     against = f" {'as' if words == {'about the same'} else 'than'} {than}" if than else ""
     if words == {"faster"}:
         text = f"{span} faster{against}"

@@ -19,7 +19,8 @@
 They are compiled together on first use by torch.utils.cpp_extension (a C++ compiler and ninja; -march=native,
 so built for this machine), once: the build is cached in torch's extensions directory under a name that carries
 the instruction-set level and a digest of the flags, sources and CPU (extension_name). Where they cannot be
-built, `cpu_kernels` says why in one warning and returns False, and callers keep the torch path.
+built, `cpu_kernels` says why in one warning and returns False, and callers keep the torch path. Nothing outside
+minillm.kernels calls an op of the extension but through the functions here.
 """
 
 import ctypes
@@ -106,8 +107,6 @@ def cpu_kernels() -> bool:
         return False
     torch.library.register_fake("minillm_cpu::paged_decode_attention")(lambda q, *args: torch.empty_like(q))
     torch.library.register_fake("minillm_cpu::decode_attention")(lambda q, *args: torch.empty_like(q))
-    torch.library.register_fake("minillm_cpu::paged_decode_attention_int8")(lambda q, *args: torch.empty_like(q))
-    torch.library.register_fake("minillm_cpu::decode_attention_int8")(lambda q, *args: torch.empty_like(q))
     torch.library.register_fake("minillm_cpu::linear")(lambda x, packed, b, out, *_: x.new_empty(x.shape[0], out))
     torch.library.register_fake("minillm_cpu::quant_linear")(
         lambda x, w, s, b, qtype, out: x.new_empty(x.shape[0], out)
@@ -121,65 +120,35 @@ def cpu_kernels() -> bool:
     return True
 
 
-def paged_decode_attention_cpu(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """minillm.layers.attention.paged_attention.paged_decode_attention for float32 CPU tensors, read in place: same
-    arguments, same result (to float rounding). Every context_lens[i] must be ≥ 1; table entries past a
-    sequence's context (the -1 padding) are never read. Call `cpu_kernels()` first, which builds it."""
-    return torch.ops.minillm_cpu.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
-
-
-def store_kvcache_cpu(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    is_prefill: bool = True,
-) -> None:
-    """In place, token t's key and value to slot slot_mapping[t]: minillm.layers.attention.paged_attention.store_kvcache
-    (a prefill: slot -1 writes nothing) or, with is_prefill False, store_decode_kvcache (slot -1 is a padded
-    row's, written to the spare last slot). For CPU tensors; call `cpu_kernels()` first, which builds it."""
-    torch.ops.minillm_cpu.store_kvcache(k, v, k_cache, v_cache, slot_mapping, is_prefill)
-
-
-def paged_decode_attention_int8_cpu(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """paged_decode_attention_cpu over an int8 cache and its float32 scales [num_blocks, block_size, kv_heads]
-    (kv_cache_dtype="int8"): minillm.layers.attention.paged_attention.paged_decode_attention_int8, read in place, the int8
-    numbers converted to floats in registers. Call `cpu_kernels()` first, which builds it."""
-    return torch.ops.minillm_cpu.paged_decode_attention_int8(
-        q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, scale
+def paged_decode_attention_cpu(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale=None, v_scale=None):
+    """minillm.layers.attention.paged_attention.paged_decode_attention for a float32 q on the CPU, the cache read in
+    place: same arguments, same result (to float rounding). A float32 cache, or an int8 one with its float32 scales
+    [num_blocks, block_size, kv_heads] (kv_cache_dtype="int8"), its numbers converted to floats in registers. Every
+    context_lens[i] must be ≥ 1; table entries past a sequence's context (the -1 padding) are never read."""
+    return torch.ops.minillm_cpu.paged_decode_attention(
+        q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale
     )
 
 
-def store_kvcache_int8_cpu(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    is_prefill: bool = True,
-) -> None:
-    """store_kvcache_cpu into an int8 cache: each token's float32 key and value quantized per KV head (as
-    minillm.layers.attention.paged_attention.quantize_kv) into its slot of the cache and of the scales, in place."""
-    torch.ops.minillm_cpu.store_kvcache_int8(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping, is_prefill)
+def store_kvcache_cpu(k, v, k_cache, v_cache, slot_mapping, is_prefill=True, k_scale=None, v_scale=None) -> None:
+    """In place, token t's key and value to slot slot_mapping[t]: layers.attention.paged_attention.store_kvcache
+    (a prefill: slot -1 writes nothing) or, with is_prefill False, store_decode_kvcache (slot -1 is a padded
+    row's, written to the spare last slot). Into an int8 cache, given its scales: each head's vector quantized (as
+    paged_attention.quantize_kv) into its slot of the cache and of the scales."""
+    torch.ops.minillm_cpu.store_kvcache(k, v, k_cache, v_cache, slot_mapping, is_prefill, k_scale, v_scale)
+
+
+def decode_attention_cpu(q, k, v, k_cache, v_cache, ctx, scale: float, k_scale=None, v_scale=None) -> torch.Tensor:
+    """A decode step's store_kvcache_cpu and paged_decode_attention_cpu as one op, which a compiled step calls
+    directly, reading the step's tensors (its slots, tables and lengths) from the context."""
+    return torch.ops.minillm_cpu.decode_attention(
+        q, k, v, k_cache, v_cache, ctx.slot_mapping, ctx.block_tables, ctx.context_lens, scale, k_scale, v_scale
+    )
+
+
+def empty_pages(shape: list[int]) -> torch.Tensor:
+    """An uninitialised float32 tensor in a mapping of its own that the OS is asked to back by 2 MiB pages."""
+    return torch.ops.minillm_cpu.empty_pages(shape)
 
 
 def linear_packed(
@@ -226,15 +195,7 @@ def rotary_cpu(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_si
     return torch.ops.minillm_cpu.rotary(positions, q, k, cos_sin_cache)
 
 
-def quant_linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    scale: torch.Tensor | None = None,
-    bias: torch.Tensor | None = None,
-    *,
-    qtype: int,
-    out_features: int,
-) -> torch.Tensor:
+def quant_linear(x, weight, scale=None, bias=None, *, qtype: int, out_features: int) -> torch.Tensor:
     """formats.quant_linear_reference(x, weight, qtype, scale, bias) for float32 CPU tensors, x's leading dimensions
     flattened and kept: for qtype I8 the int8 weight [out, in] packed by pack_int8 with its float32 row scales
     `scale`, for Q8_0, Q4_0 and Q4_1 the uint8 GGUF blocks [out, in / 32 · block bytes]; in a multiple of 32."""

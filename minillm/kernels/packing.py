@@ -7,6 +7,7 @@ import itertools
 
 import torch
 
+from minillm.kernels.cpu import empty_pages
 from minillm.quantization.formats import BLOCK
 
 
@@ -38,7 +39,7 @@ def pack_weights(weights: list[torch.Tensor]) -> list[torch.Tensor]:
     each up to a whole 2 MiB page (120 MB lost on SmolLM2-135M's 211 matrices)."""
     panel = panel_width()
     shapes = [(-(-w.shape[0] // panel), w.shape[1], panel) for w in weights]
-    arena = torch.ops.minillm_cpu.empty_pages([sum(a * b * c for a, b, c in shapes)])
+    arena = empty_pages([sum(a * b * c for a, b, c in shapes)])
     offsets = itertools.accumulate((a * b * c for a, b, c in shapes), initial=0)
     return [pack_weight(w, arena[o : o + a * b * c].view(a, b, c)) for w, o, (a, b, c) in zip(weights, offsets, shapes)]
 
@@ -47,7 +48,7 @@ def empty_packed(out: int, inputs: int) -> torch.Tensor:
     """An uninitialised packed weight for `out` output features of `inputs` inputs, [ceil(out / P), inputs, P]
     (P = panel_width()), in a mapping of its own that the OS is asked to back by 2 MiB pages."""
     panel = panel_width()
-    return torch.ops.minillm_cpu.empty_pages([-(-out // panel), inputs, panel])
+    return empty_pages([-(-out // panel), inputs, panel])
 
 
 def embed_packed(input_ids: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minillm.config import PACKED_PREFETCH
-from minillm.kernels.cpu import build_name, linear_packed, release_freed_memory
+from minillm.kernels.cpu import build_name, empty_pages, linear_packed, release_freed_memory
 from minillm.kernels.packing import embed_packed, pack_weight, pack_weights
 from minillm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from minillm.layers.linear import LinearBase
@@ -84,7 +84,7 @@ class PackedLinearMethod(UnquantizedLinearMethod):
 
             def candidates(weight=weight, out=shape[0]):
                 x = torch.randn(max(self.ROWS), weight.shape[1])
-                packed = from_memory(pack_weight(weight), lambda shape: torch.ops.minillm_cpu.empty_pages(shape))
+                packed = from_memory(pack_weight(weight), empty_pages)
                 plain = from_memory(weight.detach())
                 return {
                     name: lambda n, prefetch=prefetch: linear_packed(

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minillm.kernels.cpu import release_freed_memory
+from minillm.kernels.cpu import empty_pages, release_freed_memory
 from minillm.kernels.packing import pack_int8, packed_int8_rows, packed_int8_shape
 from minillm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from minillm.layers.linear import LinearBase
@@ -61,7 +61,7 @@ class QuantizedLinearMethod(UnquantizedLinearMethod):
             return [torch.empty(shape, dtype=dtype, device=device) for shape in shapes]
         nbytes = [math.prod(shape) * dtype.itemsize for shape in shapes]
         sizes = [-(-n // 64) * 64 for n in nbytes]  # each on a cache line
-        arena = torch.ops.minillm_cpu.empty_pages([sum(sizes) // 4]).view(torch.uint8)
+        arena = empty_pages([sum(sizes) // 4]).view(torch.uint8)
         starts = itertools.accumulate(sizes, initial=0)
         return [arena[o : o + n].view(dtype).view(shape) for o, n, shape in zip(starts, nbytes, shapes)]
 
@@ -96,7 +96,7 @@ class QuantizedLinearMethod(UnquantizedLinearMethod):
 class Int8LinearMethod(QuantizedLinearMethod):
     """int8 weights with a float32 scale per output row, quantized at load from the float checkpoint: every
     linear layer and the LM head (with tied embeddings, the table too), where the input size divides by 32. For
-    the CPU kernel they are stored packed (kernels.pack_int8: rows in groups of four, block by block)."""
+    the CPU kernel they are stored packed (packing.pack_int8: rows in groups of four, block by block)."""
 
     name = "int8"
 

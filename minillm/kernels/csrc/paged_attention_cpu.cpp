@@ -29,6 +29,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -245,43 +246,31 @@ at::Tensor run_tasks(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   return out;
 }
 
-void check_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache) {
+// Decode attention over the paged cache, read in place: float32 caches, or int8 caches (kv_cache_dtype="int8")
+// with their float32 scales [blocks, block_size, kv_heads], whose numbers become floats in registers and whose
+// scales multiply the scores and the weights.
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
+                                  const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale) {
+  const auto cache_type = k_scale.has_value() ? at::kChar : at::kFloat;
+  TORCH_CHECK(q.device().is_cpu() && q.scalar_type() == at::kFloat && k_cache.scalar_type() == cache_type &&
+                  v_cache.scalar_type() == cache_type,
+              "paged_decode_attention_cpu takes a float32 q and float32 caches (int8 with scales) on the CPU, got q ",
+              q.scalar_type(), " on ", q.device(), " and a ", k_cache.scalar_type(), " cache");
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
                   k_cache.strides() == v_cache.strides() && q.size(2) == k_cache.size(3) &&
                   q.size(1) % k_cache.size(2) == 0 && q.stride(2) == 1 && k_cache.stride(3) == 1,
               "paged_decode_attention_cpu: q [seqs, heads, head_dim] and caches [blocks, block_size, kv_heads, "
               "head_dim] (last dims contiguous, heads a multiple of kv_heads), got ", q.sizes(), " and ",
               k_cache.sizes());
-}
-
-at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
-  TORCH_CHECK(q.device().is_cpu() && q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
-                  v_cache.scalar_type() == at::kFloat,
-              "paged_decode_attention_cpu takes float32 CPU tensors, got q ", q.scalar_type(), " on ", q.device(),
-              " and a ", k_cache.scalar_type(), " cache");
-  check_decode(q, k_cache, v_cache);
-  return run_tasks<float>(q, k_cache, v_cache, block_tables, context_lens, scale);
-}
-
-// paged_decode_attention over an int8 cache (kv_cache_dtype="int8") and its float32 scales [blocks, block_size,
-// kv_heads], read in place: the int8 numbers become floats in registers, the scales multiply scores and weights.
-at::Tensor paged_decode_attention_int8(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                       const at::Tensor& k_scale, const at::Tensor& v_scale,
-                                       const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
-  TORCH_CHECK(q.device().is_cpu() && q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kChar &&
-                  v_cache.scalar_type() == at::kChar && k_scale.scalar_type() == at::kFloat &&
-                  v_scale.scalar_type() == at::kFloat,
-              "paged_decode_attention_int8_cpu takes a float32 q, int8 caches and float32 scales on the CPU, got q ",
-              q.scalar_type(), " on ", q.device(), ", a ", k_cache.scalar_type(), " cache and ", k_scale.scalar_type(),
-              " scales");
-  check_decode(q, k_cache, v_cache);
-  TORCH_CHECK(k_scale.sizes() == k_cache.sizes().slice(0, 3) && v_scale.sizes() == k_scale.sizes() &&
-                  k_scale.strides() == v_scale.strides() && k_scale.stride(2) == 1,
-              "paged_decode_attention_int8_cpu: scales [blocks, block_size, kv_heads] (kv_heads contiguous), got ",
-              k_scale.sizes(), " for a ", k_cache.sizes(), " cache");
-  return run_tasks<int8_t>(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale.data_ptr<float>(),
-                           v_scale.data_ptr<float>(), k_scale.stride(0), k_scale.stride(1));
+  if (!k_scale.has_value()) return run_tasks<float>(q, k_cache, v_cache, block_tables, context_lens, scale);
+  TORCH_CHECK(v_scale.has_value() && k_scale->scalar_type() == at::kFloat && v_scale->scalar_type() == at::kFloat &&
+                  k_scale->sizes() == k_cache.sizes().slice(0, 3) && v_scale->sizes() == k_scale->sizes() &&
+                  k_scale->strides() == v_scale->strides() && k_scale->stride(2) == 1,
+              "paged_decode_attention_cpu: float32 scales [blocks, block_size, kv_heads] (kv_heads contiguous) for "
+              "both caches, got ", k_scale->sizes(), " for a ", k_cache.sizes(), " cache");
+  return run_tasks<int8_t>(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale->data_ptr<float>(),
+                           v_scale->data_ptr<float>(), k_scale->stride(0), k_scale->stride(1));
 }
 
 // A layer's whole decode attention as one op that a compiled decode step calls directly (CompiledDecodeSteps):
@@ -290,43 +279,27 @@ at::Tensor paged_decode_attention_int8(const at::Tensor& q, const at::Tensor& k_
 // the whole cache around every step to keep the graph free of in-place writes.
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
                             const at::Tensor& v_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
-                            const at::Tensor& context_lens, double scale) {
+                            const at::Tensor& context_lens, double scale, const std::optional<at::Tensor>& k_scale,
+                            const std::optional<at::Tensor>& v_scale) {
+  using Scale = std::optional<at::Tensor>;
   static const auto store = c10::Dispatcher::singleton().findSchemaOrThrow("minillm_cpu::store_kvcache", "").typed<
-      void(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, const at::Tensor&, bool)>();
+      void(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, const at::Tensor&, bool, const Scale&,
+           const Scale&)>();
   at::Tensor k_out = k_cache, v_out = v_cache;  // the same tensors, writable
-  store.call(k, v, k_out, v_out, slot_mapping, false);
-  return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale);
-}
-
-// decode_attention over an int8 cache: quantize and store the step's keys and values, then attend.
-at::Tensor decode_attention_int8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                 const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k_scale,
-                                 const at::Tensor& v_scale, const at::Tensor& slot_mapping,
-                                 const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
-  static const auto store = c10::Dispatcher::singleton().findSchemaOrThrow("minillm_cpu::store_kvcache_int8", "")
-                                .typed<void(const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&,
-                                            at::Tensor&, at::Tensor&, const at::Tensor&, bool)>();
-  at::Tensor k_out = k_cache, v_out = v_cache, ks_out = k_scale, vs_out = v_scale;  // the same tensors, writable
-  store.call(k, v, k_out, v_out, ks_out, vs_out, slot_mapping, false);
-  return paged_decode_attention_int8(q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, scale);
+  store.call(k, v, k_out, v_out, slot_mapping, false, k_scale, v_scale);
+  return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, k_scale, v_scale);
 }
 
 }  // namespace
 
 TORCH_LIBRARY(minillm_cpu, m) {
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor context_lens, float scale) -> Tensor");
+        "Tensor context_lens, float scale, Tensor? k_scale, Tensor? v_scale) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, Tensor slot_mapping, "
-        "Tensor block_tables, Tensor context_lens, float scale) -> Tensor");
-  m.def("paged_decode_attention_int8(Tensor q, Tensor k_cache, Tensor v_cache, Tensor k_scale, Tensor v_scale, "
-        "Tensor block_tables, Tensor context_lens, float scale) -> Tensor");
-  m.def("decode_attention_int8(Tensor q, Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, Tensor k_scale, "
-        "Tensor v_scale, Tensor slot_mapping, Tensor block_tables, Tensor context_lens, float scale) -> Tensor");
+        "Tensor block_tables, Tensor context_lens, float scale, Tensor? k_scale, Tensor? v_scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(minillm_cpu, CPU, m) {
   m.impl("paged_decode_attention", &paged_decode_attention);
   m.impl("decode_attention", &decode_attention);
-  m.impl("paged_decode_attention_int8", &paged_decode_attention_int8);
-  m.impl("decode_attention_int8", &decode_attention_int8);
 }

@@ -6,7 +6,7 @@ first imported (Triton reads it when a kernel is defined).
 """
 
 from minillm.kernels.triton.common import INTERPRET, check_device
-from minillm.kernels.triton.kv_cache import store_kvcache, store_kvcache_int8
+from minillm.kernels.triton.kv_cache import store_kvcache
 from minillm.kernels.triton.layernorm import add_rms_norm, norm, rms_norm
 from minillm.kernels.triton.paged_attention import paged_decode_attention
 
@@ -18,5 +18,4 @@ __all__ = [
     "paged_decode_attention",
     "rms_norm",
     "store_kvcache",
-    "store_kvcache_int8",
 ]

@@ -6,7 +6,6 @@ means a data-dependent number of rows; here each program reads its own slot and 
 `reshape_and_cache_flash`; nano-vllm's is this one, `store_kvcache_kernel`.
 """
 
-import torch
 import triton
 import triton.language as tl
 
@@ -59,33 +58,6 @@ def store_kvcache_kernel(
     # END EXERCISE
 
 
-def store_kvcache(
-    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
-    """Write key/value [num_tokens, kv_heads, head_dim] into their slots of k_cache/v_cache, in place; slot -1
-    skipped. Same contract as minillm.layers.attention.paged_attention.store_kvcache, as one kernel launch."""
-    check_device(key, value, k_cache, v_cache, slot_mapping)
-    num_tokens, kv_heads, head_dim = key.shape
-    D = kv_heads * head_dim
-    key, value = (t if t.stride(-1) == 1 and t.stride(1) == head_dim else t.contiguous() for t in (key, value))
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("store_kvcache writes into contiguous caches [num_blocks, block_size, kv_heads, head_dim]")
-    if num_tokens == 0:
-        return
-    with kernel_errors():
-        store_kvcache_kernel[(num_tokens,)](
-            key,
-            key.stride(0),
-            value,
-            value.stride(0),
-            k_cache,
-            v_cache,
-            slot_mapping,
-            D=D,
-            BLOCK_D=triton.next_power_of_2(D),
-        )
-
-
 @jit
 def store_kvcache_int8_kernel(
     key_ptr,
@@ -93,8 +65,8 @@ def store_kvcache_int8_kernel(
     value_ptr,
     value_stride,
     k_cache_ptr,
-    v_cache_ptr,
     k_scale_ptr,
+    v_cache_ptr,
     v_scale_ptr,
     slot_mapping_ptr,
     KV_HEADS: tl.constexpr,
@@ -137,38 +109,35 @@ def quantize_and_store(x_ptr, cache_ptr, scale_ptr, offsets, inside, heads, live
     tl.store(scale_ptr + heads, scale, mask=live)
 
 
-def store_kvcache_int8(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
-    slot_mapping: torch.Tensor,
-) -> None:
-    """minillm.layers.attention.paged_attention.store_kvcache_int8 (slot -1 skipped) as one kernel launch: keys and values
-    quantized per KV head into int8 caches [num_blocks, block_size, kv_heads, head_dim] and float32 scales
-    [num_blocks, block_size, kv_heads], all contiguous."""
-    check_device(key, value, k_cache, v_cache, k_scale, v_scale, slot_mapping)
+def store_kvcache(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
+    """Write key/value [num_tokens, kv_heads, head_dim] into their slots of k_cache/v_cache, in place; slot -1
+    skipped: minillm.layers.attention.paged_attention.store_kvcache's contract, as one kernel launch. Given the
+    scales of an int8 cache (kv_cache_dtype="int8": float32 [num_blocks, block_size, kv_heads]), each KV head's
+    vector is quantized as paged_attention.quantize_kv does it, its numbers and its scale stored in the same slot."""
+    scales = () if k_scale is None else (k_scale, v_scale)
+    check_device(key, value, k_cache, v_cache, *scales, slot_mapping)
     num_tokens, kv_heads, head_dim = key.shape
     key, value = (t if t.stride(-1) == 1 and t.stride(1) == head_dim else t.contiguous() for t in (key, value))
-    if not all(t.is_contiguous() for t in (k_cache, v_cache, k_scale, v_scale)):
-        raise ValueError("store_kvcache_int8 writes into contiguous caches and scales")
+    if not all(t.is_contiguous() for t in (k_cache, v_cache, *scales)):
+        raise ValueError("store_kvcache writes into contiguous caches [num_blocks, block_size, kv_heads, head_dim]")
     if num_tokens == 0:
         return
+    rows = key, key.stride(0), value, value.stride(0)
+    pad = triton.next_power_of_2
     with kernel_errors():
-        store_kvcache_int8_kernel[(num_tokens,)](
-            key,
-            key.stride(0),
-            value,
-            value.stride(0),
-            k_cache,
-            v_cache,
-            k_scale,
-            v_scale,
-            slot_mapping,
-            KV_HEADS=kv_heads,
-            KV_HEADS_PAD=triton.next_power_of_2(kv_heads),
-            HEAD_DIM=head_dim,
-            HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
-        )
+        if not scales:
+            D = kv_heads * head_dim
+            store_kvcache_kernel[(num_tokens,)](*rows, k_cache, v_cache, slot_mapping, D=D, BLOCK_D=pad(D))
+        else:
+            store_kvcache_int8_kernel[(num_tokens,)](
+                *rows,
+                k_cache,
+                k_scale,
+                v_cache,
+                v_scale,
+                slot_mapping,
+                KV_HEADS=kv_heads,
+                KV_HEADS_PAD=pad(kv_heads),
+                HEAD_DIM=head_dim,
+                HEAD_DIM_PAD=pad(head_dim),
+            )

@@ -111,19 +111,11 @@ def paged_decode_attention_kernel(
     )
 
 
-def paged_decode_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
+def paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float, k_scale=None, v_scale=None):
     """Same contract as minillm.layers.attention.paged_attention.paged_decode_attention, as one kernel launch:
     q [num_seqs, heads, head_dim] → [num_seqs, heads, head_dim], each query over its context in the cache. With
-    k_scale and v_scale, the caches are int8 and those their scales (paged_decode_attention_int8's contract)."""
+    k_scale and v_scale, the caches are int8 and those their float32 scales [num_blocks, block_size, kv_heads]
+    (kv_cache_dtype="int8"), read as the torch backend reads them."""
     check_device(q, k_cache, v_cache, block_tables, context_lens)
     quantized = k_scale is not None
     if quantized and (k_scale.stride() != v_scale.stride() or k_scale.stride(-1) != 1):

@@ -64,53 +64,37 @@ class Attention(nn.Module):
         if torch.compiler.is_compiling():  # inside torch.compile: the backend's decode op, or one opaque op
             ctx = get_context()
             if ctx is not None and not ctx.is_prefill and self.k_cache.numel():
-                if self.k_scale is None:
-                    out = self.backend.decode_in_graph(q, k, v, self.k_cache, self.v_cache, ctx, self.scale)
-                else:  # kv_cache_dtype="int8" (decided while tracing: the compiled step holds only one of the two)
-                    kv = self.k_cache, self.v_cache, self.k_scale, self.v_scale
-                    out = self.backend.decode_in_graph_int8(q, k, v, *kv, ctx, self.scale)
+                cache, scales = (self.k_cache, self.v_cache), (self.k_scale, self.v_scale)
+                out = self.backend.decode_in_graph(q, k, v, *cache, ctx, self.scale, *scales)
                 if out is not None:
                     return out
             return attention_op(q, k, v, self.layer_id)
         return self.attend(q, k, v)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store, then attend, each entry of the backend given the cache and its scales (None, None unless
+        kv_cache_dtype="int8": then the backend quantizes what it stores and dequantizes what it reads)."""
         ctx = get_context()
         if ctx is None:
             return causal_attention(q, k, v, self.scale)
-        if self.k_scale is not None:
-            return self.attend_int8(q, k, v, ctx)
+        cache, scales = (self.k_cache, self.v_cache), (self.k_scale, self.v_scale)
         if self.k_cache.numel():
-            self.backend.store_kvcache(k, v, self.k_cache, self.v_cache, ctx)
+            self.backend.store_kvcache(k, v, *cache, ctx, *scales)
         if ctx.num_decodes:  # a mixed step: its decode rows first, then its prompt chunks
             return self.attend_mixed(q, k, v, ctx)
         if ctx.is_prefill:
-            return self.backend.prefill(q, k, v, self.k_cache, self.v_cache, ctx, self.scale)
-        return self.backend.decode(q, self.k_cache, self.v_cache, ctx, self.scale)
+            return self.backend.prefill(q, k, v, *cache, ctx, self.scale, *scales)
+        return self.backend.decode(q, *cache, ctx, self.scale, *scales)
 
     def attend_mixed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Context) -> torch.Tensor:
         """A step of decode tokens and prompt chunks (their keys and values stored already): the first
         num_decodes rows attend as a decode step, reading the cache in place, the rest as a prefill."""
         n, out = ctx.num_decodes, torch.empty_like(q)
-        out[:n] = self.backend.decode(q[:n], self.k_cache, self.v_cache, ctx.decode_rows, self.scale)
+        cache, scales = (self.k_cache, self.v_cache), (self.k_scale, self.v_scale)
+        out[:n] = self.backend.decode(q[:n], *cache, ctx.decode_rows, self.scale, *scales)
         if len(q) > n:
             rows = ctx.prefill_rows
-            out[n:] = self.backend.prefill(q[n:], k[n:], v[n:], self.k_cache, self.v_cache, rows, self.scale)
-        return out
-
-    def attend_int8(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Context) -> torch.Tensor:
-        """attend over an int8 cache (kv_cache_dtype="int8"): the same steps, each also given the layer's scales,
-        so the backend quantizes what it stores and dequantizes what it reads."""
-        kv, n = (self.k_cache, self.v_cache, self.k_scale, self.v_scale), ctx.num_decodes
-        self.backend.store_kvcache_int8(k, v, *kv, ctx)
-        if not ctx.is_prefill:
-            return self.backend.decode_int8(q, *kv, ctx, self.scale)
-        if not n:
-            return self.backend.prefill_int8(q, k, v, *kv, ctx, self.scale)
-        out = torch.empty_like(q)  # a mixed step, as attend_mixed: its decode rows first, then its prompt chunks
-        out[:n] = self.backend.decode_int8(q[:n], *kv, ctx.decode_rows, self.scale)
-        if len(q) > n:
-            out[n:] = self.backend.prefill_int8(q[n:], k[n:], v[n:], *kv, ctx.prefill_rows, self.scale)
+            out[n:] = self.backend.prefill(q[n:], k[n:], v[n:], *cache, rows, self.scale, *scales)
         return out
 
 

@@ -94,26 +94,6 @@ def dequantize_kv(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> t
     return (q.float() * scale[..., None]).to(dtype)
 
 
-def store_kvcache_int8(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    decode: bool = False,
-) -> None:
-    """store_kvcache into an int8 cache: quantize each token's key and value per KV head, then write the int8
-    numbers into k_cache/v_cache [num_blocks, block_size, kv_heads, head_dim] and the scales into k_scale/v_scale
-    [num_blocks, block_size, kv_heads], the same slots of both. The store is store_kvcache (slot -1 skipped) or,
-    with `decode`, store_decode_kvcache (slot -1 to the spare last slot): it moves scales as it moves keys."""
-    store = store_decode_kvcache if decode else store_kvcache
-    (k, ks), (v, vs) = quantize_kv(k), quantize_kv(v)
-    store(k, v, k_cache, v_cache, slot_mapping)
-    store(ks, vs, k_scale, v_scale, slot_mapping)
-
-
 def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
     """Each sequence's blocks in table order, as positions: [num_seqs, max_blocks * block_size, kv_heads, head_dim].
 
@@ -143,15 +123,6 @@ def gather_context(cache: torch.Tensor, block_tables: torch.Tensor, cu_seqlens_k
             gather_kv(cache, block_tables[i : i + 1])[0, : e - s]
             for i, (s, e) in enumerate(zip(cu_seqlens_k[:-1], cu_seqlens_k[1:]))
         ]
-    )
-
-
-def gather_context_int8(
-    cache: torch.Tensor, scales: torch.Tensor, block_tables: torch.Tensor, cu_seqlens_k: list[int], dtype: torch.dtype
-) -> torch.Tensor:
-    """gather_context from an int8 cache: the int8 numbers and their scales gathered alike, then dequantized."""
-    return dequantize_kv(
-        gather_context(cache, block_tables, cu_seqlens_k), gather_context(scales, block_tables, cu_seqlens_k), dtype
     )
 
 
@@ -238,22 +209,3 @@ def paged_decode_attention(
     )
     return out.reshape(num_seqs, -1, head_dim)
     # END EXERCISE
-
-
-def paged_decode_attention_int8(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """paged_decode_attention over an int8 cache and its scales [num_blocks, block_size, kv_heads]: each sequence's
-    blocks gathered and dequantized (gather_dequantized), then the float function over them, its block tables
-    renumbered to the gathered copy. The kernels instead read the int8 numbers in place and convert in registers."""
-    k = gather_dequantized(k_cache, k_scale, block_tables, q.dtype)
-    v = gather_dequantized(v_cache, v_scale, block_tables, q.dtype)
-    tables = torch.arange(block_tables.numel(), device=q.device).view(block_tables.shape)
-    return paged_decode_attention(q, k, v, tables, context_lens, scale)

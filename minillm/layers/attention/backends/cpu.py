@@ -2,23 +2,16 @@
 
 import torch
 
-from minillm.kernels.cpu import (
-    cpu_kernels,
-    paged_decode_attention_cpu,
-    paged_decode_attention_int8_cpu,
-    store_kvcache_cpu,
-    store_kvcache_int8_cpu,
-)
+from minillm.kernels.cpu import cpu_kernels, decode_attention_cpu, paged_decode_attention_cpu, store_kvcache_cpu
 from minillm.layers.attention.backends.torch import TorchAttentionBackend
-from minillm.layers.attention.paged_attention import paged_decode_attention
 from minillm.utils.context import Context
 
 
 class CPUAttentionBackend(TorchAttentionBackend):
     """Float32 decode attention that reads each sequence's keys and values in place through its block table
     instead of copying them out first (2-9x faster than the torch path), and the store of each step's keys and
-    values (one copy per token instead of indexed writes). Prefill is the torch backend's: one fused SDPA call
-    per sequence.
+    values (one copy per token instead of indexed writes); over an int8 cache the kernels quantize as they store
+    and convert in registers as they read. Prefill is the torch backend's: one fused SDPA call per sequence.
 
     Where the kernels cannot be built (or for other dtypes), decode attention runs the torch path in chunks of
     `decode_rows` sequences, each gathering and masking only up to its own longest context: torch's CPU attention
@@ -35,47 +28,25 @@ class CPUAttentionBackend(TorchAttentionBackend):
     def native(self, q: torch.Tensor) -> bool:
         return self.built and q.is_cpu and q.dtype == torch.float32
 
-    def store_kvcache(self, k, v, k_cache, v_cache, ctx: Context) -> None:
+    def store_kvcache(self, k, v, k_cache, v_cache, ctx: Context, k_scale=None, v_scale=None) -> None:
         if self.native(k):
-            store_kvcache_cpu(k, v, k_cache, v_cache, ctx.slot_mapping, ctx.is_prefill)
+            store_kvcache_cpu(k, v, k_cache, v_cache, ctx.slot_mapping, ctx.is_prefill, k_scale, v_scale)
         else:
-            super().store_kvcache(k, v, k_cache, v_cache, ctx)
+            super().store_kvcache(k, v, k_cache, v_cache, ctx, k_scale, v_scale)
 
-    def decode(self, q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+    def decode(self, q, k_cache, v_cache, ctx: Context, scale: float, k_scale=None, v_scale=None) -> torch.Tensor:
+        kv = k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale, k_scale, v_scale
         if self.native(q):
-            return paged_decode_attention_cpu(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale)
+            return paged_decode_attention_cpu(q, *kv)
         out, block_size = [], k_cache.shape[1]
         for a in range(0, len(q), self.decode_rows):
             rows = slice(a, a + self.decode_rows)
             width = -(-max(ctx.context_lens_cpu[rows]) // block_size)
             tables, lens = ctx.block_tables[rows, :width], ctx.context_lens[rows]
-            out.append(paged_decode_attention(q[rows], k_cache, v_cache, tables, lens, scale))
+            out.append(self.paged_decode(q[rows], k_cache, v_cache, tables, lens, scale, k_scale, v_scale))
         return torch.cat(out)
 
-    def decode_in_graph(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor | None:
+    def decode_in_graph(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float, k_scale=None, v_scale=None):
         if not self.native(q):
             return None
-        return torch.ops.minillm_cpu.decode_attention(
-            q, k, v, k_cache, v_cache, ctx.slot_mapping, ctx.block_tables, ctx.context_lens, scale
-        )
-
-    # kv_cache_dtype="int8": the kernels quantize as they store and convert in registers as they read
-    def store_kvcache_int8(self, k, v, k_cache, v_cache, k_scale, v_scale, ctx: Context) -> None:
-        if self.native(k):
-            store_kvcache_int8_cpu(k, v, k_cache, v_cache, k_scale, v_scale, ctx.slot_mapping, ctx.is_prefill)
-        else:
-            super().store_kvcache_int8(k, v, k_cache, v_cache, k_scale, v_scale, ctx)
-
-    def decode_int8(self, q, k_cache, v_cache, k_scale, v_scale, ctx: Context, scale: float) -> torch.Tensor:
-        if self.native(q):
-            return paged_decode_attention_int8_cpu(
-                q, k_cache, v_cache, k_scale, v_scale, ctx.block_tables, ctx.context_lens, scale
-            )
-        return super().decode_int8(q, k_cache, v_cache, k_scale, v_scale, ctx, scale)
-
-    def decode_in_graph_int8(self, q, k, v, k_cache, v_cache, k_scale, v_scale, ctx: Context, scale: float):
-        if not self.native(q):
-            return None
-        return torch.ops.minillm_cpu.decode_attention_int8(
-            q, k, v, k_cache, v_cache, k_scale, v_scale, ctx.slot_mapping, ctx.block_tables, ctx.context_lens, scale
-        )
+        return decode_attention_cpu(q, k, v, k_cache, v_cache, ctx, scale, k_scale, v_scale)

@@ -5,65 +5,66 @@ import torch
 from minillm.layers.attention.paged_attention import (
     dequantize_kv,
     gather_context,
-    gather_context_int8,
+    gather_dequantized,
     paged_decode_attention,
-    paged_decode_attention_int8,
     prefill_attention,
     quantize_kv,
     store_decode_kvcache,
     store_kvcache,
-    store_kvcache_int8,
 )
 from minillm.utils.context import Context
 
 
 class TorchAttentionBackend:
     """The reference every other backend (the CPU's C++ kernels, chapter 09's Triton kernels) is checked against,
-    and the one the exercises plug into: chapter 04's store and chapter 05's paged decode attention as they are."""
+    and the one the exercises plug into: chapter 04's store and chapter 05's paged decode attention as they are.
+
+    Every entry takes the cache's scales too, None for a cache of the model's dtype. With kv_cache_dtype="int8"
+    (chapter 14) they are float32 [num_blocks, block_size, kv_heads], one per token and KV head: what is stored is
+    quantized (quantize_kv), and what attention reads is what the cache holds, dequantized."""
 
     name = "torch"
 
-    def store_kvcache(self, k, v, k_cache, v_cache, ctx: Context) -> None:
-        if ctx.is_prefill:  # slot -1: a token whose key is in a cached prefix block already, skipped
-            store_kvcache(k, v, k_cache, v_cache, ctx.slot_mapping)
-        else:  # one token per row, padded rows to the spare slot: no mask, so a CUDA graph can record it
-            store_decode_kvcache(k, v, k_cache, v_cache, ctx.slot_mapping)
+    def store_kvcache(self, k, v, k_cache, v_cache, ctx: Context, k_scale=None, v_scale=None) -> None:
+        # a prefill's slot -1: a token whose key is in a cached prefix block already, skipped; a decode step's: a
+        # padded row, to the spare slot (no mask, so a CUDA graph can record it)
+        store = store_kvcache if ctx.is_prefill else store_decode_kvcache
+        if k_scale is not None:  # int8: the numbers and their scales go to the same slots
+            (k, ks), (v, vs) = quantize_kv(k), quantize_kv(v)
+            store(ks, vs, k_scale, v_scale, ctx.slot_mapping)
+        store(k, v, k_cache, v_cache, ctx.slot_mapping)
 
-    def prefill(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
+    def prefill(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float, k_scale=None, v_scale=None):
         if ctx.block_tables is not None:  # some keys were computed in earlier steps: read them all from the cache
-            k = gather_context(k_cache, ctx.block_tables, ctx.cu_seqlens_k_cpu)
-            v = gather_context(v_cache, ctx.block_tables, ctx.cu_seqlens_k_cpu)
-        return prefill_attention(q, k, v, ctx.cu_seqlens_q_cpu, ctx.cu_seqlens_k_cpu, scale)
-
-    def decode(self, q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
-        return paged_decode_attention(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale)
-
-    def decode_in_graph(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor | None:
-        """A decode step's store and attention as one op a compiled step calls directly (no Python in between),
-        reading the step's tensors from the graph's inputs; None where the backend has none (then the compiled
-        step calls the opaque attention_op)."""
-        return None
-
-    # kv_cache_dtype="int8" (chapter 14): the same steps over an int8 cache, each with its scales (k_scale, v_scale:
-    # [num_blocks, block_size, kv_heads], float32). What attention reads is always what the cache holds: dequantized.
-
-    def store_kvcache_int8(self, k, v, k_cache, v_cache, k_scale, v_scale, ctx: Context) -> None:
-        store_kvcache_int8(k, v, k_cache, v_cache, k_scale, v_scale, ctx.slot_mapping, decode=not ctx.is_prefill)
-
-    def prefill_int8(self, q, k, v, k_cache, v_cache, k_scale, v_scale, ctx: Context, scale: float) -> torch.Tensor:
-        if ctx.block_tables is not None:  # earlier keys from the cache, dequantized (this step's are stored already)
-            k = gather_context_int8(k_cache, k_scale, ctx.block_tables, ctx.cu_seqlens_k_cpu, q.dtype)
-            v = gather_context_int8(v_cache, v_scale, ctx.block_tables, ctx.cu_seqlens_k_cpu, q.dtype)
-        else:  # a plain prefill could attend to its own float keys; it reads them as the cache holds them instead,
-            # so a prompt computes the same whole, in chunks, after a cached prefix, or recomputed after preemption
+            k, v = (self.context(c, s, ctx, q.dtype) for c, s in ((k_cache, k_scale), (v_cache, v_scale)))
+        elif k_scale is not None:  # a plain prefill could attend to its own float keys; it reads them as the cache
+            # holds them instead, so a prompt computes the same whole, in chunks, after a cached prefix, or recomputed
             k, v = dequantize_kv(*quantize_kv(k), q.dtype), dequantize_kv(*quantize_kv(v), q.dtype)
         return prefill_attention(q, k, v, ctx.cu_seqlens_q_cpu, ctx.cu_seqlens_k_cpu, scale)
 
-    def decode_int8(self, q, k_cache, v_cache, k_scale, v_scale, ctx: Context, scale: float) -> torch.Tensor:
-        return paged_decode_attention_int8(
-            q, k_cache, v_cache, k_scale, v_scale, ctx.block_tables, ctx.context_lens, scale
-        )
+    @staticmethod
+    def context(cache, scales, ctx: Context, dtype: torch.dtype) -> torch.Tensor:
+        """Every sequence's keys (or values) from the cache, packed end to end (gather_context), dequantized."""
+        keys = gather_context(cache, ctx.block_tables, ctx.cu_seqlens_k_cpu)
+        if scales is None:
+            return keys
+        return dequantize_kv(keys, gather_context(scales, ctx.block_tables, ctx.cu_seqlens_k_cpu), dtype)
 
-    def decode_in_graph_int8(self, q, k, v, k_cache, v_cache, k_scale, v_scale, ctx: Context, scale: float):
-        """decode_in_graph over an int8 cache; None: the compiled step calls the opaque attention_op."""
+    def decode(self, q, k_cache, v_cache, ctx: Context, scale: float, k_scale=None, v_scale=None) -> torch.Tensor:
+        return self.paged_decode(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale, k_scale, v_scale)
+
+    @staticmethod
+    def paged_decode(q, k_cache, v_cache, tables, lens, scale: float, k_scale=None, v_scale=None) -> torch.Tensor:
+        """paged_decode_attention; over an int8 cache, on the blocks in use copied out and dequantized
+        (gather_dequantized), the tables renumbered to the copy. The kernels read int8 in place instead."""
+        if k_scale is not None:
+            k_cache = gather_dequantized(k_cache, k_scale, tables, q.dtype)
+            v_cache = gather_dequantized(v_cache, v_scale, tables, q.dtype)
+            tables = torch.arange(tables.numel(), device=q.device).view(tables.shape)
+        return paged_decode_attention(q, k_cache, v_cache, tables, lens, scale)
+
+    def decode_in_graph(self, q, k, v, k_cache, v_cache, ctx: Context, scale: float, k_scale=None, v_scale=None):
+        """A decode step's store and attention as one op a compiled step calls directly (no Python in between),
+        reading the step's tensors from the graph's inputs; None where the backend has none (then the compiled
+        step calls the opaque attention_op)."""
         return None

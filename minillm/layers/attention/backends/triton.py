@@ -10,12 +10,13 @@ class TritonAttentionBackend(TorchAttentionBackend):
     """Triton kernels for the two per-step pieces of attention that have no good framework kernel: storing the
     new keys and values into their scattered slots (one program per token, slot -1 skipped, no mask and no host
     sync) and decode attention read through the block tables (one program per sequence and KV head, an online
-    softmax over its blocks). Prefill attention stays on the torch path (the inherited `prefill`): it is one
+    softmax over its blocks); over an int8 cache the store kernel quantizes and the decode kernel loads int8
+    numbers and their scales. Prefill attention stays on the torch path (the inherited `prefill`): it is one
     fused SDPA call per sequence already.
 
     On CUDA the kernels are compiled. On a CPU they run only in Triton's interpreter, which needs
-    TRITON_INTERPRET=1 in the environment before minillm.kernels.triton is first imported; without it the first step
-    raises an error that says so. Slow, but the same kernel source: the tests prove the wiring that way.
+    TRITON_INTERPRET=1 in the environment before minillm.kernels.triton is first imported; without it the first
+    step raises an error that says so. Slow, but the same kernel source: the tests prove the wiring that way.
     """
 
     name = "triton"
@@ -26,17 +27,9 @@ class TritonAttentionBackend(TorchAttentionBackend):
 
         self.kernels = kernels
 
-    def store_kvcache(self, k, v, k_cache, v_cache, ctx: Context) -> None:
-        self.kernels.store_kvcache(k, v, k_cache, v_cache, ctx.slot_mapping)
+    def store_kvcache(self, k, v, k_cache, v_cache, ctx: Context, k_scale=None, v_scale=None) -> None:
+        self.kernels.store_kvcache(k, v, k_cache, v_cache, ctx.slot_mapping, k_scale, v_scale)
 
-    def decode(self, q, k_cache, v_cache, ctx: Context, scale: float) -> torch.Tensor:
-        return self.kernels.paged_decode_attention(q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale)
-
-    # kv_cache_dtype="int8": the store kernel quantizes, the decode kernel loads int8 numbers and their scales
-    def store_kvcache_int8(self, k, v, k_cache, v_cache, k_scale, v_scale, ctx: Context) -> None:
-        self.kernels.store_kvcache_int8(k, v, k_cache, v_cache, k_scale, v_scale, ctx.slot_mapping)
-
-    def decode_int8(self, q, k_cache, v_cache, k_scale, v_scale, ctx: Context, scale: float) -> torch.Tensor:
-        return self.kernels.paged_decode_attention(
-            q, k_cache, v_cache, ctx.block_tables, ctx.context_lens, scale, k_scale, v_scale
-        )
+    def decode(self, q, k_cache, v_cache, ctx: Context, scale: float, k_scale=None, v_scale=None) -> torch.Tensor:
+        tables, lens = ctx.block_tables, ctx.context_lens
+        return self.kernels.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, k_scale, v_scale)

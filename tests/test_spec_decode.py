@@ -8,10 +8,10 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from minillm import LLM, SamplingParams, default_model_path
 from minillm.config import draft_model_path
+from minillm.course.stats import chi_square_pvalue
 from minillm.layers import rejection_sampler
 from minillm.models import build_model
 from minillm.naive import generate_naive
-from minillm.spec_decode.metrics import chi_square_pvalue
 
 GREEDY = SamplingParams(temperature=0, max_tokens=40)
 
@@ -24,6 +24,14 @@ GREEDY = SamplingParams(temperature=0, max_tokens=40)
         ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2}, "<="),
         ({"method": "draft_model", "num_speculative_tokens": 2}, 'needs "model"'),
         ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 3}, "keys among"),
+        (
+            {"method": "draft_model", "model": "m", "num_speculative_tokens": 2, "quantization": "fp4"},
+            "speculative_config quantization must be None or one of int8, gguf, got 'fp4'",
+        ),
+        (
+            {"method": "draft_model", "model": "m", "num_speculative_tokens": 2, "kv_cache_dtype": "fp8"},
+            "speculative_config kv_cache_dtype must be one of auto, int8, got 'fp8'",
+        ),
     ],
 )
 def test_bad_speculative_configs_are_refused_naming_the_field(spec, error):
@@ -69,6 +77,26 @@ def test_draft_model_speculation_gives_the_plain_greedy_tokens(stories, draft, b
     assert draft_cache.num_free_blocks == len(draft_cache.blocks) and not llm.proposer.mirrors, (
         "the draft's cache leaks"
     )
+
+
+@pytest.mark.parametrize("draft_kv", ["auto", "int8"])
+def test_a_gguf_target_with_a_float_draft_of_its_own_kv_dtype_gives_its_greedy_tokens(stories, tmp_path, draft_kv):
+    """The draft keeps its own settings (float safetensors weights, its own cache dtype) whatever the target's are
+    (a GGUF file with an int8 cache): it once inherited the target's quantization and failed to load."""
+    from minillm.bench.gguf_export import export
+
+    target = export(default_model_path(), tmp_path, "q8_0")
+    prompts = stories[0][:3]
+    plain = LLM(target, kv_cache_dtype="int8", skip_tokenizer_init=True).generate(prompts, GREEDY, use_tqdm=False)
+    spec = {"method": "draft_model", "model": str(draft_model_path()), "num_speculative_tokens": 3}
+    llm = LLM(
+        target, kv_cache_dtype="int8", skip_tokenizer_init=True, speculative_config=spec | {"kv_cache_dtype": draft_kv}
+    )
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in plain]
+    draft = llm.proposer.runner
+    assert type(draft.platform.linear_method).__name__ != "GGUFLinearMethod" and draft.kv_cache_dtype == draft_kv
+    assert llm.spec_stats.num_accepted_tokens > 0
 
 
 @pytest.fixture(scope="module")
@@ -151,3 +179,18 @@ def test_streaming_yields_every_token_of_a_step_and_closing_early_frees_both_cac
     draft_cache = llm.proposer.block_manager
     assert llm.block_manager.num_free_blocks == len(llm.block_manager.blocks)
     assert draft_cache.num_free_blocks == len(draft_cache.blocks) and not llm.proposer.mirrors
+
+
+def test_drafts_after_a_kept_eos_draft_count_as_drafted_not_accepted():
+    """The sampler kept all 3 drafts and added its own token, but the second draft was an EOS: the request got 2
+    tokens, so 2 drafts count as accepted, not 3 (and 3 as drafted); a step cut at the target's own token loses no
+    accepted draft, and a sequence that verified nothing counts nothing."""
+    from types import SimpleNamespace
+
+    from minillm.spec_decode.metrics import SpecDecodingStats
+
+    seqs = [SimpleNamespace(num_draft_tokens=0, num_accepted_tokens=0) for _ in range(3)]
+    stats = SpecDecodingStats()
+    stats.observe(seqs, [3, 2, 0], [[5, 0, 7, 8], [4, 6, 9], [1]], [2, 3, 1])
+    assert stats.counts() == (2, 5, 4)
+    assert [(s.num_draft_tokens, s.num_accepted_tokens) for s in seqs] == [(3, 2), (2, 2), (0, 0)]

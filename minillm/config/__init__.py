@@ -149,14 +149,17 @@ class Config:
             raise ValueError(f"new_token_ratio must be a number in [0, 1], got {self.new_token_ratio!r}")
         if self.dtype not in ("auto", *DTYPES):
             raise ValueError(f"dtype must be 'auto' or one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.speculative_config is not None:
-            SpeculativeConfig.from_dict(self.speculative_config)  # raises, naming the bad field
-        if self.quantization not in (None, *QUANTIZATION_METHODS):
-            raise ValueError(
-                f"quantization must be None or one of {', '.join(QUANTIZATION_METHODS)}, got {self.quantization!r}"
-            )
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        settings = {"": (self.quantization, self.kv_cache_dtype)}
+        if self.speculative_config is not None:  # raises, naming the bad field; the draft's own settings checked too
+            spec = SpeculativeConfig.from_dict(self.speculative_config)
+            settings["speculative_config "] = spec.quantization, spec.kv_cache_dtype
+        for where, (quantization, kv_cache_dtype) in settings.items():
+            if quantization not in (None, *QUANTIZATION_METHODS):
+                options = ", ".join(QUANTIZATION_METHODS)
+                raise ValueError(f"{where}quantization must be None or one of {options}, got {quantization!r}")
+            if kv_cache_dtype not in KV_CACHE_DTYPES:
+                options = ", ".join(KV_CACHE_DTYPES)
+                raise ValueError(f"{where}kv_cache_dtype must be one of {options}, got {kv_cache_dtype!r}")
         if self.quantization and self.tensor_parallel_size > 1:
             raise ValueError(
                 f"quantization={self.quantization!r} runs on one rank only: set tensor_parallel_size=1, or drop "

@@ -8,13 +8,17 @@ SPECULATIVE_METHODS = ("ngram", "draft_model")  # Config.speculative_config["met
 @dataclass
 class SpeculativeConfig:
     """vLLM's speculative_config: {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": n,
-    "prompt_lookup_min": m} or {"method": "draft_model", "model": ID|DIR, "num_speculative_tokens": k}."""
+    "prompt_lookup_min": m} or {"method": "draft_model", "model": ID|DIR|FILE.gguf, "num_speculative_tokens": k}.
+    A draft model has its own "quantization" and "kv_cache_dtype" (Config's values; float weights and a cache of
+    the model's dtype unless given, a .gguf file "gguf"), whatever the target's are."""
 
     method: str
     num_speculative_tokens: int
     prompt_lookup_max: int | None = None
     prompt_lookup_min: int | None = None
     model: str | None = None
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
 
     @classmethod
     def from_dict(cls, config: dict) -> "SpeculativeConfig":
@@ -42,4 +46,6 @@ class SpeculativeConfig:
                 )
         elif spec.model is None:
             raise ValueError('speculative_config method "draft_model" needs "model": a checkpoint directory or hub id')
+        elif str(spec.model).endswith(".gguf") and "quantization" not in config:
+            spec.quantization = "gguf"  # a GGUF file runs as it is stored, as a target's does
         return spec

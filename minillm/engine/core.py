@@ -108,11 +108,11 @@ class EngineCore:
             output = scheduler.schedule()
             seqs = output.scheduled
             assert seqs, "the scheduler planned an empty step although requests are unfinished"
-            lengths = [len(seq) for seq in seqs]
+            lengths, drafted = [len(seq) for seq in seqs], [len(seq.spec_token_ids) for seq in seqs]
             sampled = self.model_runner.run(output)
-            if self.proposer:
-                self.spec_stats.observe(seqs, sampled)
             updated = set(scheduler.update_from_output(output, sampled))
+            if self.proposer:
+                self.spec_stats.observe(seqs, drafted, sampled, [len(seq) - n for seq, n in zip(seqs, lengths)])
         except BaseException as e:
             failed = [*scheduler.running, *scheduler.waiting] if output is None else output.scheduled
             scheduler.rollback(failed)

@@ -16,4 +16,4 @@ def make_proposer(config, vocab_size: int, num_blocks: int):
         return NgramProposer(spec.num_speculative_tokens, spec.prompt_lookup_max, spec.prompt_lookup_min)
     from minillm.spec_decode.draft_model import DraftModelProposer
 
-    return DraftModelProposer(spec.model, spec.num_speculative_tokens, config, vocab_size, num_blocks)
+    return DraftModelProposer(spec, config, vocab_size, num_blocks)

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import torch
 
-from minillm.config import Config, ModelConfig
+from minillm.config import Config, ModelConfig, SpeculativeConfig
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.model_runner import ModelRunner
 from minillm.engine.sequence import Sequence
@@ -28,9 +28,11 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class DraftModelProposer:
-    def __init__(self, model, num_speculative_tokens: int, target: Config, vocab_size: int, num_blocks: int):
-        """target: the target engine's settings; vocab_size and num_blocks: the target's vocabulary and KV blocks
-        (the draft's cache gets as many blocks: the same tokens, in far fewer bytes)."""
+    def __init__(self, spec: SpeculativeConfig, target: Config, vocab_size: int, num_blocks: int):
+        """spec: the draft's settings (its model, k, and its own quantization and KV-cache dtype); target: the target
+        engine's settings; vocab_size and num_blocks: the target's vocabulary and KV blocks (the draft's cache gets as
+        many blocks: the same tokens, in far fewer bytes)."""
+        model = spec.model
         path = resolve_model_path(model)
         draft = ModelConfig.from_pretrained(path)
         if draft.vocab_size != vocab_size:
@@ -44,11 +46,17 @@ class DraftModelProposer:
                 f"max_model_len is {target.max_model_len}: lower max_model_len or use another draft"
             )
         config = replace(
-            target, model=path, speculative_config=None, tensor_parallel_size=1, num_kvcache_blocks=num_blocks
+            target,
+            model=path,
+            speculative_config=None,
+            tensor_parallel_size=1,
+            num_kvcache_blocks=num_blocks,
+            quantization=spec.quantization,
+            kv_cache_dtype=spec.kv_cache_dtype,
         )
         self.runner = ModelRunner(config, path)
         self.block_manager = BlockManager(self.runner.num_kvcache_blocks, config.kvcache_block_size)
-        self.k, self.budget = num_speculative_tokens, config.max_num_batched_tokens
+        self.k, self.budget = spec.num_speculative_tokens, config.max_num_batched_tokens
         self.mirrors: dict[int, Sequence] = {}  # the target sequence's seq_id -> its mirror in the draft's cache
 
     def propose(self, seqs: list[Sequence]) -> None:

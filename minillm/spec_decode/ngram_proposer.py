@@ -2,9 +2,12 @@
 its own text and copying what followed them there. No model runs: a guess costs a search over the tokens, and pays
 wherever the output repeats its input (a rewrite, a summary quoting it, code edited in place)."""
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from minillm.engine.sequence import Sequence
+if TYPE_CHECKING:
+    from minillm.engine.sequence import Sequence
 
 
 def ngram_propose(token_ids: list[int], k: int, n_max: int, n_min: int) -> list[int]:
@@ -42,12 +45,12 @@ class NgramProposer:
     def __init__(self, num_speculative_tokens: int, prompt_lookup_max: int, prompt_lookup_min: int):
         self.k, self.n_max, self.n_min = num_speculative_tokens, prompt_lookup_max, prompt_lookup_min
 
-    def propose(self, seqs: list[Sequence]) -> None:
+    def propose(self, seqs: list["Sequence"]) -> None:
         """Set each sequence's draft_token_ids: at most k, and never more than its max_tokens leaves room for
         after the token the step samples anyway (the bonus token)."""
         for seq in seqs:
             k = min(self.k, seq.remaining_tokens - 1)
             seq.draft_token_ids = ngram_propose(seq.token_ids, k, self.n_max, self.n_min) if k > 0 else []
 
-    def release(self, seqs: list[Sequence]) -> None:
+    def release(self, seqs: list["Sequence"]) -> None:
         """Nothing to free: lookup keeps no state between steps (a draft model keeps a cache, DraftModelProposer)."""

@@ -21,7 +21,7 @@ from minillm.engine.scheduler import Scheduler
 from minillm.engine.sequence import Sequence
 from minillm.models import build_model
 from minillm.naive import generate_naive
-from minillm.spec_decode.metrics import chi_square_pvalue
+from minillm.course.stats import chi_square_pvalue
 
 
 def plain_lookup(ids, k, n_max, n_min):

@@ -142,6 +142,25 @@ def test_a_gguf_file_runs_in_its_blocks_with_its_naive_loops_tokens(tiny_checkpo
     assert greedy(LLM(file, skip_tokenizer_init=True, native_kernels=False)) == greedy(llm)
 
 
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_a_bfloat16_model_runs_on_a_cpu_and_an_int8_one_through_the_kernel(tiny_checkpoint, quantization):
+    """bfloat16 on a CPU: the elementwise C++ kernels (float32's) stay off instead of failing the first step, and an
+    int8 model multiplies with the C++ kernel (x widened to float32), not a weight dequantized on every call; its
+    logits are the torch twin's up to bfloat16 rounding."""
+    llm = LLM(tiny_checkpoint, dtype="bfloat16", quantization=quantization, skip_tokenizer_init=True)
+    assert greedy(llm) == naive(llm)
+    if quantization:
+        assert llm.model_runner.platform.linear_method.kernel == "cpu"
+        twin = LLM(tiny_checkpoint, dtype="bfloat16", quantization=quantization, native_kernels=False)
+        ids = torch.tensor(PROMPTS[1] * 4)
+        with torch.inference_mode():
+            logits = [
+                r.model.compute_logits(r.model(ids, torch.arange(len(ids)))).float()
+                for r in (llm.model_runner, twin.model_runner)
+            ]
+        assert (logits[0] - logits[1]).abs().max() < 0.05 * logits[1].abs().max()
+
+
 def test_quantization_errors_name_the_setting_and_the_way_out(tiny_checkpoint):
     with pytest.raises(ValueError, match="quantization must be None or one of int8, gguf"):
         LLM(tiny_checkpoint, quantization="fp4")

@@ -196,13 +196,14 @@ def rotary_cpu(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_si
 
 
 def quant_linear(x, weight, scale=None, bias=None, *, qtype: int, out_features: int) -> torch.Tensor:
-    """formats.quant_linear_reference(x, weight, qtype, scale, bias) for float32 CPU tensors, x's leading dimensions
+    """formats.quant_linear_reference(x, weight, qtype, scale, bias) for CPU tensors, x's leading dimensions
     flattened and kept: for qtype I8 the int8 weight [out, in] packed by pack_int8 with its float32 row scales
-    `scale`, for Q8_0, Q4_0 and Q4_1 the uint8 GGUF blocks [out, in / 32 · block bytes]; in a multiple of 32."""
-    y = torch.ops.minillm_cpu.quant_linear(
-        x.reshape(-1, x.shape[-1]).contiguous(), weight, scale, bias, qtype, out_features
-    )
-    return y.view(*x.shape[:-1], out_features)
+    `scale`, for Q8_0, Q4_0 and Q4_1 the uint8 GGUF blocks [out, in / 32 · block bytes]; in a multiple of 32. The
+    kernel computes in float32: a 16-bit x (a bfloat16 model) is widened, exactly, and the result rounded back."""
+    rows = x.reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
+    bias = None if bias is None else bias.to(torch.float32)
+    y = torch.ops.minillm_cpu.quant_linear(rows, weight, scale, bias, qtype, out_features)
+    return y.view(*x.shape[:-1], out_features).to(x.dtype)
 
 
 def quant_isa() -> str:

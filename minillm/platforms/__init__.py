@@ -69,8 +69,10 @@ def select_platform(config: Config, dtype: torch.dtype, tp_size: int = 1, local_
             method = get_linear_method(config.quantization, "triton" if native and triton_compiles() else "torch")
         return Platform(device, backend, method, kernels, compile_layers=True, replays_decode=True)
     native = native and device.type == "cpu" and cpu_kernels()
+    fp32 = native and dtype == torch.float32
     if config.quantization:
-        linear_method = get_linear_method(config.quantization, "cpu" if native and dtype == torch.float32 else "torch")
+        # any dtype: the quantized kernels widen a 16-bit x to float32 (never a dequantized weight per call)
+        linear_method = get_linear_method(config.quantization, "cpu" if native else "torch")
     else:
         packs = native and dtype == torch.float32 and config.linear_kernel != "torch"
         linear_method = PackedLinearMethod(config.linear_kernel) if packs else UnquantizedLinearMethod()
@@ -78,6 +80,7 @@ def select_platform(config: Config, dtype: torch.dtype, tp_size: int = 1, local_
         device,
         backend,
         linear_method,
-        {RMSNorm: norm_cpu, SiluAndMul: silu_and_mul_cpu, RotaryEmbedding: rotary_cpu} if native else {},
+        # the elementwise kernels are float32's; a 16-bit model keeps torch's
+        {RMSNorm: norm_cpu, SiluAndMul: silu_and_mul_cpu, RotaryEmbedding: rotary_cpu} if fp32 else {},
         threads=cpu_threads_per_rank(tp_size) if tp_size > 1 else None,
     )

@@ -173,7 +173,9 @@ def main(argv: list[str] | None = None) -> dict:
 
 def plot(results: dict, title: str, path: Path) -> None:
     """Decode tokens/s (and llama.cpp's) and, where measured, perplexity, each against the bytes per weight, each
-    point named (the names alternate above and below, as int8 and q8_0 lie close together)."""
+    point named (the names alternate above and below, in order of the bytes, as int8 and q8_0 lie close together).
+    Points, not a line: the formats are separate choices, not a curve, and the axes leave room for the names."""
+    results = dict(sorted(results.items(), key=lambda item: item[1]["bytes_per_weight"]))
     quality = all("quality" in r for r in results.values())
     fig, axes = figure(10 if quality else 5.5, 3.6, ncols=2 if quality else 1)
     x = [r["bytes_per_weight"] for r in results.values()]
@@ -183,15 +185,16 @@ def plot(results: dict, title: str, path: Path) -> None:
         for i, (name, xy) in enumerate(zip(results, zip(x, ys))):
             ax.annotate(name, xy, fontsize=8, xytext=(4, 6 if i % 2 else -12), textcoords="offset points")
         ax.set(xlabel="bytes per weight", ylabel=ylabel)
+        ax.margins(x=0.1, y=0.15)
         ax.grid(alpha=0.3)
 
     tokens = [r["decode_tokens_per_second"] for r in results.values()]
-    points(axes[0][0], [t["minillm"] for t in tokens], "batch-1 decode tokens/s", "o-", label="minillm")
+    points(axes[0][0], [t["minillm"] for t in tokens], "batch-1 decode tokens/s", "o", label="minillm")
     peer = [(b, t["llama_cpp"]) for b, t in zip(x, tokens) if "llama_cpp" in t]  # variants with a GGUF for it
     if peer:
-        axes[0][0].plot(*zip(*peer), "s--", label="llama.cpp, the same GGUF")
+        axes[0][0].plot(*zip(*peer), "s", label="llama.cpp, the same GGUF")
     axes[0][0].legend(fontsize=8)
     if quality:
         perplexity = [r["quality"]["perplexity"] for r in results.values()]
-        points(axes[0][1], perplexity, "held-out perplexity", "o-", color="tab:red")
+        points(axes[0][1], perplexity, "held-out perplexity", "o", color="tab:red")
     save(fig, title, path)

@@ -77,7 +77,8 @@ def dequantize_q4_1(raw: torch.Tensor) -> torch.Tensor:
     and check the example below.
 
     Example: a block with d = 0.5, m = -1.0 and byte 0 = 0x31 (low 1, high 3) gives weight 0 = 0.5·1 − 1 = -0.5
-    and weight 16 = 0.5·3 − 1 = 0.5. Use half(raw[..., :2]) for a float16 field.
+    and weight 16 = 0.5·3 − 1 = 0.5. View raw as [rows, blocks, 20] first (one block a row of 20 bytes); then
+    half(blocks[..., :2]) is every block's d, as float32.
     """
     # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
     # BEGIN EXERCISE 14.2: unpack Q4_1 — per block d and m, then the low and the high nibbles of 16 bytes

@@ -30,9 +30,10 @@ async def sse_events(stream, chunk, with_token_ids: bool, include_usage: bool) -
     stream.prompt_token_ids`; the event's json is `to_json(response, with_token_ids)`. After the last output, if
     `include_usage`, one more event: `to_json(chunk(None, usage(stream, num_tokens), False), with_token_ids)`.
     If the engine fails part-way (iterating raises EngineError), the HTTP status 200 has gone out already:
-    send the error itself as an event, `APIError(500, str(e)).body()`, then end as usual. Whatever happens,
-    call `stream.abort()` before the end (a client that went away closes this generator: abort is what stops
-    its generation and frees its KV blocks; on a finished request it does nothing); then send `data: [DONE]`.
+    send the error itself as an event, `APIError(500, str(e)).body()`, and no usage event after it; then end as
+    usual. Whatever happens, call `stream.abort()` (in a `finally`: a client that went away closes this generator,
+    and abort is what stops its generation and frees its KV blocks; on a finished request it does nothing). Send
+    `data: [DONE]` after the try/finally, not inside the `finally`: a generator being closed must not yield.
 
     Example: outputs "Once" and " upon" (finished), include_usage True: four events, `data: {...}` from
     chunk(out1, None, True) with the prompt's token ids, `data: {...}` from chunk(out2, None, False), the usage
@@ -72,4 +73,4 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | 
     )
     # END EXERCISE
 
-# build checksum: aafcec78acd8a7b3 (lets `build` tell this untouched file from your edits)
+# build checksum: 9492d759680d0f77 (lets `build` tell this untouched file from your edits)

@@ -15,11 +15,15 @@ Checks (each one is recorded with its status and time; one that fails does not s
   quantization   int8 weights and a Q4_1 GGUF through the Triton kernel against torch ops, the int8 KV cache, the
                  Triton quantized-matmul tests compiled
   kv_budget      the KV cache sized from gpu_memory_utilization holds under the largest steps and sampling
+  speculative    n-gram and draft-model speculation: greedy tokens identical to plain decoding, seeded sampling
+                 reproducible (its draws on the GPU's generator), the acceptance; the draft model's weights and KV
+                 cache inside gpu_memory_utilization
   tensor_parallel  TP=2 over NCCL against one GPU (two GPUs or more)
   bench          the ladder and the roofline on the real model (SmolLM2-135M-Instruct), or the default model
 """
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -232,6 +236,40 @@ def check_kv_budget(args) -> dict:
     }
 
 
+def check_speculative(args) -> dict:
+    from minillm.config import draft_model_path
+
+    batch = prompts(args.n, 16, 128, seed=7)
+    batch = [p + p[: len(p) // 2] for p in batch]  # repeats: lookup finds drafts
+    plain, _ = greedy(engine(args, dtype="float32"), batch)
+    result, utilization = {}, 0.3
+    specs = {
+        "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3},
+        "draft_model": {"method": "draft_model", "model": str(draft_model_path()), "num_speculative_tokens": 4},
+    }
+    for name, spec in specs.items():
+        gc.collect()  # the engines before this one: out of the peak measured next
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        llm = engine(args, dtype="float32", speculative_config=spec)
+        tokens, seconds = greedy(llm, batch)
+        assert tokens == plain, f"{name} speculation changed greedy tokens: {agreement(plain, tokens)}"
+        params = [
+            SamplingParams(temperature=0.8, top_p=0.9, top_k=50, max_tokens=32, seed=i) for i in range(len(batch))
+        ]
+        runs = [[o.token_ids for o in llm.generate(batch, params, use_tqdm=False)] for _ in range(2)]
+        assert runs[0] == runs[1], f"{name}: seeded sampling with speculation is not reproducible"
+        result[name] = {"seconds": seconds, "acceptance_rate": llm.spec_stats.acceptance_rate}
+        if args.device == "cuda":
+            total = torch.cuda.get_device_properties(0).total_memory
+            peak = torch.cuda.max_memory_allocated() / total
+            assert peak <= utilization, f"{name}: the engine took {peak:.0%} of the device, over {utilization:.0%}"
+            result[name]["max_allocated_fraction"] = peak
+        del llm
+    return result
+
+
 def check_tensor_parallel(args) -> dict:
     if args.device != "cuda" or torch.cuda.device_count() < 2:
         return {"skipped": f"{torch.cuda.device_count()} CUDA device(s): tensor parallelism needs two"}
@@ -288,6 +326,7 @@ CHECKS = {
     "long_context": check_long_context,
     "quantization": check_quantization,
     "kv_budget": check_kv_budget,
+    "speculative": check_speculative,
     "tensor_parallel": check_tensor_parallel,
     "bench": check_bench,
 }

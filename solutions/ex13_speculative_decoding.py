@@ -9,6 +9,7 @@ import torch
 
 import minillm.engine.scheduler
 from minillm.engine.sequence import Sequence
+from minillm.layers.rejection_sampler import PLACEHOLDER_TOKEN_ID
 
 
 # minillm/spec_decode/ngram_proposer.py
@@ -42,76 +43,89 @@ def ngram_propose(token_ids: list[int], k: int, n_max: int, n_min: int) -> list[
 
 
 # minillm/layers/rejection_sampler.py
-def greedy_accept(target_ids: list[int], draft_ids: list[int]) -> list[int]:
-    """The tokens a greedy step keeps: the drafts up to the first the target disagrees with, then the target's own.
+def greedy_accept(target_ids: torch.Tensor, draft_ids: torch.Tensor, num_drafts: torch.Tensor) -> torch.Tensor:
+    """The tokens each greedy sequence keeps: its drafts up to the first the target disagrees with, then the
+    target's own.
 
-    target_ids: the target's argmax at each of the k + 1 rows (len(draft_ids) + 1 ints); draft_ids: the k drafts.
-    Draft i is right when it equals target_ids[i], what the target itself would pick there. Keep the drafts while
-    they are right; at the first wrong one, the target's pick replaces it and the rest are dropped (they followed a
-    wrong token). If all k are right, the last row gives one more token for free (the bonus token).
-    Returns between 1 and k + 1 tokens: the kept drafts, then one target token.
+    target_ids [B, k + 1] (long): the target's argmax at each row of each sequence; draft_ids [B, k] (long): the
+    drafts, of which sequence b has num_drafts[b] (0..k; the entries after them are padding, to be ignored).
+    Draft i of sequence b is right when it equals target_ids[b, i], what the target itself would pick there. Keep
+    the drafts while they are right; at the first wrong one the target's pick replaces it and the rest are dropped
+    (they followed a wrong token). If all of its drafts are right, the row after them gives one more token (the
+    bonus token). Returns [B, k + 1] (long): sequence b's n + 1 tokens (n drafts kept, then the target's) in its
+    first n + 1 columns, PLACEHOLDER_TOKEN_ID (-1) after them. No Python loop over sequences.
 
-    Examples: target_ids [5, 6, 7, 8], draft_ids [5, 6, 9]: [5, 6, 7]. target_ids [4, 6], draft_ids [5]: [4].
-    target_ids [5, 6, 7], draft_ids [5, 6]: [5, 6, 7] (all kept, 7 the bonus). No drafts, target_ids [3]: [3].
+    Example: target_ids [[5, 6, 7, 8], [4, 6, 0, 0]], draft_ids [[5, 6, 9], [5, 0, 0]], num_drafts [3, 1]:
+    [[5, 6, 7, -1], [4, -1, -1, -1]]. (As the kept drafts equal the target's picks, the output is target_ids cut
+    after n + 1 columns.)
     """
     # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
-    # BEGIN EXERCISE 13.2: greedy verification — keep the drafts the target agrees with, then one token of its own
-    n = 0
-    while n < len(draft_ids) and draft_ids[n] == target_ids[n]:
-        n += 1
-    return target_ids[: n + 1]
+    # BEGIN EXERCISE 13.2: greedy verification — keep each row's drafts while the target agrees, then its own token
+    k = draft_ids.shape[1]
+    real = torch.arange(k, device=draft_ids.device) < num_drafts[:, None]
+    agree = (draft_ids == target_ids[:, :k]) & real
+    num_accepted = agree.int().cumprod(dim=1).sum(dim=1)  # drafts before the first disagreement
+    keep = torch.arange(k + 1, device=draft_ids.device) <= num_accepted[:, None]
+    return torch.where(keep, target_ids, PLACEHOLDER_TOKEN_ID)
     # END EXERCISE
 
 
 # minillm/layers/rejection_sampler.py
 def rejection_sample(
     target_probs: torch.Tensor,
-    draft_ids: list[int],
+    draft_ids: torch.Tensor,
+    num_drafts: torch.Tensor,
     draft_probs: torch.Tensor | None,
-    generator: torch.Generator | None,
-) -> list[int]:
-    """The tokens a sampling step keeps, so that each is distributed exactly as the target alone would draw it.
+    uniform: torch.Tensor,
+    exponential: torch.Tensor,
+) -> torch.Tensor:
+    """The tokens each sampled sequence keeps, so that each is distributed exactly as the target alone would draw
+    it. A pure function: the randomness comes in as `uniform` and `exponential`.
 
-    target_probs [k + 1, V]: the target's distribution p at each row (after temperature, top-k, top-p).
-    draft_ids: the k drafts. draft_probs [k, V]: the distribution q each draft was drawn from, or None for a
-    draft that was not drawn but looked up (n-gram): then q is all on the draft token, q(d) = 1 and 0 elsewhere.
-    generator: the request's seeded torch.Generator, or None; pass it to every random draw (torch.rand,
-    torch.multinomial), so that a seeded request is reproducible.
-    For draft i, token d = draft_ids[i], p = target_probs[i], q its draft distribution: draw u uniform in [0, 1)
-    on p's device (`torch.rand((), generator=generator, device=p.device)`) and accept d if u * q(d) < p(d), that
-    is with probability min(1, p(d) / q(d)). The comparison is strict: u can be exactly 0, and a draft the target
-    gives probability 0 (outside its top-k or top-p) must never be kept. On acceptance go on to the next draft. On
-    the first rejection, draw the replacement from the residual distribution max(p - q, 0), normalised to sum to 1,
-    keep it after the accepted drafts and stop: the drafts after it are dropped. (Why: accepted mass min(p, q) plus
-    residual mass max(p - q, 0) add up to p.) Where float rounding leaves the residual all zeros (p ≤ q at every
-    token, although both should sum to 1), draw from p itself. If every draft is accepted, draw one more token from
-    the last row, target_probs[k] (the bonus token).
-    Draw a token from a distribution r with `torch.multinomial(r, 1, generator=generator).item()`.
-    Returns between 1 and k + 1 tokens (ints).
+    target_probs [B, k + 1, V]: the target's distribution p at each row (after temperature, top-k, top-p);
+    draft_ids [B, k] (long), of which sequence b has num_drafts[b] (the entries after them are padding);
+    draft_probs [B, k, V]: the distribution q each draft was drawn from, or None for drafts that were looked up
+    (n-gram) or picked greedily: then q is all on the draft token, q(d) = 1, 0 elsewhere. uniform [B, k] (float64,
+    in [0, 1)); exponential [B, V] (float32, Exponential(1) draws, none 0).
 
-    Example: V = 3, one n-gram draft d = 0, p = [0.25, 0.75, 0] at row 0. The draft is kept with probability 0.25;
-    else the residual is p without token 0, [0, 0.75, 0] / 0.75, so token 1. Either way token 0 comes out with
-    probability 0.25, token 1 with 0.75: as if the target had drawn it.
+    1. Accept draft i of sequence b, d = draft_ids[b, i], if uniform[b, i] * q(d) < p(d) (p, q at row i): that is
+       with probability min(1, p(d) / q(d)). The comparison is strict and in float64: u can be exactly 0, and a
+       draft the target gives probability 0 (outside its top-k or top-p) must never be kept. A sequence keeps its
+       drafts up to the first rejected one: n of them (n = num_drafts[b] if none is rejected).
+    2. Then one token of the target's own, from row n: the residual r = max(p - q, 0) at that row, where q is the
+       rejected draft's distribution (as in 1), or nothing (all zeros) at the bonus row after every draft. Why:
+       accepted mass min(p, q) plus residual mass max(p - q, 0) add up to p. Where float rounding leaves r all
+       zeros (p ≤ q everywhere), use p itself. Draw from r without normalising it, as `sample` does:
+       argmax(r / exponential[b]) picks token i with probability r_i / sum(r).
+    Returns [B, k + 1] (long): sequence b's n kept drafts, then its token, then PLACEHOLDER_TOKEN_ID (-1).
+    No Python loop over sequences.
+
+    Example: V = 3, one sequence, one looked-up draft d = 0, p = [0.25, 0.75, 0] at row 0. uniform 0.1: kept
+    (0.1 · 1 < 0.25), then the bonus from row 1. uniform 0.5: rejected, r = [0, 0.75, 0]: token 1. Either way
+    token 0 comes first with probability 0.25, token 1 with 0.75: as if the target had drawn it.
     """
     # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
-    # BEGIN EXERCISE 13.3: rejection sampling — accept draft d with probability min(1, p(d)/q(d)), else draw from max(p - q, 0)
-    tokens = []
-    for i, d in enumerate(draft_ids):
-        p = target_probs[i]
-        if draft_probs is None:
-            q = torch.zeros_like(p)
-            q[d] = 1.0
-        else:
-            q = draft_probs[i]
-        if torch.rand((), generator=generator, device=p.device) * q[d] < p[d]:
-            tokens.append(d)
-            continue
-        residual = (p - q).clamp_min(0)
-        residual = residual if residual.sum() > 0 else p  # all zeros only by rounding: p is then what remains
-        tokens.append(torch.multinomial(residual / residual.sum(), 1, generator=generator).item())
-        return tokens
-    tokens.append(torch.multinomial(target_probs[len(draft_ids)], 1, generator=generator).item())
-    return tokens
+    # BEGIN EXERCISE 13.3: rejection sampling — accept draft d if u·q(d) < p(d), else draw from max(p - q, 0)
+    b, k = draft_ids.shape
+    rows, cols = torch.arange(b, device=draft_ids.device), torch.arange(k + 1, device=draft_ids.device)
+    real = cols[:k] < num_drafts[:, None]
+    p_d = target_probs[:, :k].gather(2, draft_ids[:, :, None]).squeeze(2)
+    q_d = torch.ones_like(p_d) if draft_probs is None else draft_probs.gather(2, draft_ids[:, :, None]).squeeze(2)
+    accepted = (uniform * q_d.double() < p_d.double()) & real
+    n = accepted.int().cumprod(dim=1).sum(dim=1)  # drafts kept: up to the first rejection
+    p = target_probs[rows, n]
+    rejected = n < num_drafts  # a draft was rejected at row n (else row n is the bonus row)
+    d = draft_ids[rows, n.clamp(max=k - 1)]
+    if draft_probs is None:
+        q = torch.zeros_like(p).scatter_(1, d[:, None], 1.0)
+    else:
+        q = draft_probs[rows, n.clamp(max=k - 1)]
+    residual = (p - q * rejected[:, None]).clamp_min(0)
+    residual = torch.where(residual.sum(dim=1, keepdim=True) > 0, residual, p)  # all zeros only by rounding
+    token = residual.div(exponential).argmax(dim=1)
+    out = torch.where(cols[:k] < n[:, None], draft_ids, PLACEHOLDER_TOKEN_ID)
+    out = torch.cat([out, torch.full_like(out[:, :1], PLACEHOLDER_TOKEN_ID)], dim=1)
+    return out.scatter_(1, n[:, None], token[:, None])
     # END EXERCISE
 
 

@@ -47,16 +47,16 @@ def test_requests_arriving_at_any_time_get_llm_generates_tokens(llm, reference):
     async def main():
         async with AsyncLLM(llm) as async_llm:
             first = await async_llm.add_request(PROMPTS[0], GREEDY)
-            await anext(first)  # the first request is decoding when the others arrive
+            head = await anext(first)  # the first request is decoding when the others arrive
             late = [asyncio.ensure_future(run(async_llm.generate(p, GREEDY))) for p in PROMPTS[1:]]
             rest = await run(first)
             results = [rest, *await asyncio.gather(*late)]
             assert await free_blocks(async_llm) == (32, 32, True)
-        return results
+        return results, len(head.token_ids)
 
-    results = asyncio.run(main())
+    results, taken = asyncio.run(main())
     ref = reference[PROMPTS[0]]
-    assert results[0][1] == ref.token_ids[1:]  # all but the token taken by anext
+    assert results[0][1] == ref.token_ids[taken:]  # all but the tokens taken by anext (one, or more on a busy host)
     for prompt, (text, token_ids, finish_reason) in zip(PROMPTS[1:], results[1:]):
         ref = reference[prompt]
         assert (text, token_ids, finish_reason) == (ref.text, ref.token_ids, ref.finish_reason)

@@ -10,6 +10,7 @@ import torch
 
 from minillm import LLM
 from minillm.config import Config, ModelConfig, default_model_path, resolve_dtype
+from minillm.engine.kv_budget import dummy_forward, warmup
 from minillm.engine.model_runner import TORCH_GRAPH_GATHER_BYTES, ModelRunner
 from minillm.layers.sampler import Sampler
 
@@ -29,11 +30,11 @@ def test_warmup_runs_a_whole_step_at_its_largest(monkeypatch):
 
     monkeypatch.setattr(type(runner.model), "forward", spy_forward)
     monkeypatch.setattr(Sampler, "__call__", spy_sampler)
-    runner.warmup(llm.config)
+    warmup(runner, llm.config)
     assert seen["forwards"] == [64]  # one sequence of max_model_len (the largest prompt that fits 96 tokens)
     assert seen["logits"] == (24, runner.model.config.vocab_size)
     assert seen["truncated"] == list(range(24))  # every row takes the sort of top-k/top-p
-    hidden = runner.dummy_forward(16, 1)
+    hidden = dummy_forward(runner, 16, 1)
     assert hidden.shape == (16, runner.model.config.hidden_size) and seen["forwards"][-1] == 16
     assert torch.isfinite(hidden).all()
 

@@ -35,8 +35,8 @@ from minillm.engine.exceptions import EngineError
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.processor import Processor
 from minillm.engine.scheduler import Scheduler
+from minillm.engine.scheduler_output import ModelRunnerOutput
 from minillm.engine.sequence import SequenceStatus
-from minillm.layers.rejection_sampler import greedy_accept
 from minillm.naive import generate_cached
 from minillm.spec_decode.metrics import SpecDecodingStats
 
@@ -244,8 +244,9 @@ class FakeRunner:
     position it attends to, its own tokens. A failing step (`faults`) writes garbage to its slots first, as a
     forward pass that dies part-way may."""
 
-    def __init__(self, block_size: int, faults=frozenset()):
+    def __init__(self, block_size: int, faults=frozenset(), speculate: int = 0):
         self.kv, self.block_size, self.faults, self.calls = {}, block_size, faults, 0
+        self.speculate = speculate  # drafts per step (SimProposer's), 0 for none
 
     def slot(self, seq, pos: int) -> int:
         return seq.block_table[pos // self.block_size] * self.block_size + pos % self.block_size
@@ -279,31 +280,29 @@ class FakeRunner:
                     f"sequence {seq.seq_id} reads wrong keys/values at position {p} "
                     f"(block {seq.block_table[p // self.block_size]})"
                 )
-        return [self.sample(seq) if seq.samples_this_step else [] for seq in seqs]
+        sampled = [self.sample(seq) if seq.samples_this_step else [] for seq in seqs]
+        if not self.speculate:
+            return ModelRunnerOutput(sampled)
+        return ModelRunnerOutput(
+            sampled, [sim_drafts(seq, new, self.speculate) if new else [] for seq, new in zip(seqs, sampled)]
+        )
 
     @staticmethod
     def sample(seq) -> list[int]:
         """The simulated model's tokens after seq: its drafts the model agrees with, then its own."""
-        ids = seq.token_ids + seq.spec_token_ids
-        targets = [next_token(ids[:i]) for i in range(len(seq), len(ids) + 1)]
-        return greedy_accept(targets, seq.spec_token_ids)
+        ids, n = seq.token_ids + seq.spec_token_ids, 0
+        while n < len(seq.spec_token_ids) and seq.spec_token_ids[n] == next_token(ids[: len(seq) + n]):
+            n += 1
+        return seq.spec_token_ids[:n] + [next_token(ids[: len(seq) + n])]
 
 
-class SimProposer:
-    """Drafts for the simulated model: its own next tokens, except at every third position one off (rejected)."""
-
-    def __init__(self, k: int):
-        self.k = k
-
-    def propose(self, seqs) -> None:
-        for seq in seqs:
-            ids = list(seq.token_ids)
-            for _ in range(min(self.k, seq.remaining_tokens - 1)):
-                ids.append((next_token(ids) + (len(ids) % 3 == 0)) % SIM_VOCAB)
-            seq.draft_token_ids = ids[len(seq) :]
-
-    def release(self, seqs) -> None:
-        """Nothing to free: like NgramProposer, it keeps no state between steps."""
+def sim_drafts(seq, new: list[int], k: int) -> list[int]:
+    """Drafts for the simulated model after seq's new tokens: its own next tokens, except at every third position
+    one off (rejected); at most what max_tokens leaves after the token the next step samples anyway."""
+    ids = seq.token_ids + new
+    for _ in range(min(k, seq.remaining_tokens - len(new) - 1)):
+        ids.append((next_token(ids) + (len(ids) % 3 == 0)) % SIM_VOCAB)
+    return ids[len(seq) + len(new) :]
 
 
 def sim_engine(w: Workload, manager=BlockManager) -> LLMEngine:
@@ -323,10 +322,9 @@ def sim_engine(w: Workload, manager=BlockManager) -> LLMEngine:
     )
     core = EngineCore.__new__(EngineCore)
     core.config, core.requests, core.suspects = config, {}, deque()
-    core.model_runner = FakeRunner(w.block_size, w.faults)
+    core.model_runner = FakeRunner(w.block_size, w.faults, w.speculate)
     core.block_manager = manager(w.num_blocks, w.block_size, w.prefix_caching)
     core.scheduler = Scheduler(config, core.block_manager, eos_token_ids=[SIM_EOS])
-    core.proposer = SimProposer(w.speculate) if w.speculate else None
     core.spec_stats = SpecDecodingStats()
     engine = LLMEngine.__new__(LLMEngine)
     engine.config, engine.tokenizer, engine.vocab_size, engine.engine_core = config, None, SIM_VOCAB, core

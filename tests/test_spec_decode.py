@@ -10,6 +10,7 @@ from minillm import LLM, SamplingParams, default_model_path
 from minillm.config import draft_model_path
 from minillm.course.stats import chi_square_pvalue
 from minillm.layers import rejection_sampler
+from minillm.layers.sampler import SamplingMetadata, probabilities
 from minillm.models import build_model
 from minillm.naive import generate_naive
 
@@ -73,10 +74,9 @@ def test_draft_model_speculation_gives_the_plain_greedy_tokens(stories, draft, b
         assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
     assert sum(o.num_draft_tokens for o in outputs) == stats.num_draft_tokens
     assert llm.block_manager.num_free_blocks == len(llm.block_manager.blocks)
-    draft_cache = llm.proposer.block_manager
-    assert draft_cache.num_free_blocks == len(draft_cache.blocks) and not llm.proposer.mirrors, (
-        "the draft's cache leaks"
-    )
+    draft = llm.drafter.runner  # no cache of its own to leak: the target's blocks, in its own tensors
+    assert draft.num_kvcache_blocks == llm.model_runner.num_kvcache_blocks
+    assert draft.kv_cache.shape[2] == llm.model_runner.kv_cache.shape[2]
 
 
 @pytest.mark.parametrize("draft_kv", ["auto", "int8"])
@@ -94,21 +94,19 @@ def test_a_gguf_target_with_a_float_draft_of_its_own_kv_dtype_gives_its_greedy_t
     )
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.token_ids for o in outputs] == [o.token_ids for o in plain]
-    draft = llm.proposer.runner
+    draft = llm.drafter.runner
     assert type(draft.platform.linear_method).__name__ != "GGUFLinearMethod" and draft.kv_cache_dtype == draft_kv
     assert llm.spec_stats.num_accepted_tokens > 0
 
 
-@pytest.fixture(scope="module")
-def small_vocab(tmp_path_factory):
+def random_vocab8(path, seed: int, layers: int):
     """A random Qwen3 over 8 tokens: every token has a fair chance, so a sample of a few thousand tells
     distributions apart."""
-    path = tmp_path_factory.mktemp("vocab8")
     config = Qwen3Config(
         vocab_size=8,
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=16,
@@ -116,26 +114,45 @@ def small_vocab(tmp_path_factory):
         initializer_range=0.3,
         tie_word_embeddings=True,
     )
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     Qwen3ForCausalLM(config).save_pretrained(path)
     return path
 
 
-def exact_pairs(path, prompt) -> torch.Tensor:
-    """The model's exact probability of each first two tokens (t1, t2) after prompt, flattened to t1 * 8 + t2."""
-    model = build_model(path)
+@pytest.fixture(scope="module")
+def small_vocab(tmp_path_factory):
+    return random_vocab8(tmp_path_factory.mktemp("vocab8"), seed=0, layers=2)
+
+
+@pytest.fixture(scope="module")
+def small_draft(tmp_path_factory):
+    """Another random model over the same 8 tokens: a draft whose guesses are often wrong, drawn from its own q."""
+    return random_vocab8(tmp_path_factory.mktemp("draft8"), seed=1, layers=1)
+
+
+TEMPERATURE_1 = dict(temperature=1.0)
+TRUNCATED = dict(temperature=0.7, top_k=6, top_p=0.9)  # top-k and top-p both cut the distribution
+
+
+def exact_pairs(path, prompt, sampling=TEMPERATURE_1) -> torch.Tensor:
+    """The model's exact probability of each first two tokens (t1, t2) after prompt, under the sampling settings
+    (temperature, top-k, top-p), flattened to t1 * 8 + t2."""
+    model, md = build_model(path), SamplingMetadata.build([SamplingParams(**sampling)], [None])
     with torch.no_grad():
-        logits = lambda ids: model.compute_logits(model(torch.tensor(ids), torch.arange(len(ids)))[-1])
-        p1 = logits(prompt).softmax(-1)
-        return torch.cat([p1[t] * logits(prompt + [t]).softmax(-1) for t in range(8)])
+        logits = lambda ids: model.compute_logits(model(torch.tensor(ids), torch.arange(len(ids)))[-1:])
+        p = lambda ids: probabilities(logits(ids), md)[0]
+        p1 = p(prompt)
+        return torch.cat([p1[t] * p(prompt + [t]) for t in range(8)])
 
 
-def pair_counts(path, prompt, n=4000) -> torch.Tensor:
-    """(t1, t2) of n seeded requests at temperature 1 with n-gram speculation: every token occurs in the prompt,
-    so lookup always proposes the token that followed it there, and step 2 is a verify step."""
+def pair_counts(path, prompt, n=4000, sampling=TEMPERATURE_1, draft=None) -> torch.Tensor:
+    """(t1, t2) of n seeded requests with speculation: n-gram lookup (every token occurs in the prompt, so lookup
+    always proposes the token that followed it there) or a draft model; either way step 2 is a verify step."""
     spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 1, "prompt_lookup_min": 1}
+    if draft is not None:
+        spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 2}
     llm = LLM(path, skip_tokenizer_init=True, speculative_config=spec, max_num_seqs=256, num_kvcache_blocks=2048)
-    params = [SamplingParams(temperature=1.0, max_tokens=3, seed=i, ignore_eos=True) for i in range(n)]
+    params = [SamplingParams(max_tokens=3, seed=i, ignore_eos=True, **sampling) for i in range(n)]
     outputs = llm.generate([prompt] * n, params, use_tqdm=False)
     assert llm.spec_stats.num_draft_tokens >= n, "every request verified a draft at its second token"
     return torch.bincount(torch.tensor([o.token_ids[0] * 8 + o.token_ids[1] for o in outputs]), minlength=64)
@@ -144,27 +161,64 @@ def pair_counts(path, prompt, n=4000) -> torch.Tensor:
 PROMPT = [3, 0, 1, 2, 3, 4, 5, 6, 7, 5, 2]
 
 
-def test_sampling_with_speculation_follows_the_models_distribution(small_vocab):
-    assert chi_square_pvalue(pair_counts(small_vocab, PROMPT), exact_pairs(small_vocab, PROMPT)) > 0.01
+@pytest.mark.parametrize("sampling", [TEMPERATURE_1, TRUNCATED], ids=["temperature 1", "0.7 top-k top-p"])
+@pytest.mark.parametrize("proposer", ["ngram", "draft model"])
+def test_sampling_with_speculation_follows_the_models_distribution(small_vocab, small_draft, proposer, sampling):
+    draft = small_draft if proposer == "draft model" else None
+    counts = pair_counts(small_vocab, PROMPT, sampling=sampling, draft=draft)
+    assert chi_square_pvalue(counts, exact_pairs(small_vocab, PROMPT, sampling)) > 0.01
 
 
-def test_the_same_test_catches_a_wrong_residual_rule(small_vocab, monkeypatch):
+@pytest.mark.parametrize("proposer", ["ngram", "draft model"])
+def test_the_same_test_catches_a_wrong_residual_rule(small_vocab, small_draft, proposer, monkeypatch):
     """Wrong on purpose: on rejection, redraw from the target's whole distribution (the draft token included)
     instead of the residual max(p - q, 0): the draft token comes out too often."""
     right = rejection_sampler.rejection_sample
 
-    def wrong(target_probs, draft_ids, draft_probs, generator):
-        tokens = right(target_probs, draft_ids, draft_probs, generator)
-        kept = next((i for i, (t, d) in enumerate(zip(tokens, draft_ids)) if t != d), None)
-        if kept is not None:  # rejected at `kept`: draw again from p, the draft token allowed
-            tokens[kept] = torch.multinomial(target_probs[kept], 1, generator=generator).item()
+    def wrong(target_probs, draft_ids, num_drafts, draft_probs, uniform, exponential):
+        tokens = right(target_probs, draft_ids, num_drafts, draft_probs, uniform, exponential)
+        n = (tokens != rejection_sampler.PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1  # where the target's own token is
+        rows = torch.arange(len(n))[n < num_drafts]  # rejected at n: draw again from p, the draft token allowed
+        tokens[rows, n[rows]] = (target_probs[rows, n[rows]] / exponential[rows]).argmax(dim=1)
         return tokens
 
     monkeypatch.setattr(rejection_sampler, "rejection_sample", wrong)
-    assert chi_square_pvalue(pair_counts(small_vocab, PROMPT), exact_pairs(small_vocab, PROMPT)) < 0.01
+    counts = pair_counts(small_vocab, PROMPT, draft=small_draft if proposer == "draft model" else None)
+    assert chi_square_pvalue(counts, exact_pairs(small_vocab, PROMPT)) < 0.01
 
 
-def test_streaming_yields_every_token_of_a_step_and_closing_early_frees_both_caches(stories):
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("proposer", ["ngram", "shipped draft"])
+def test_greedy_speculation_gives_the_plain_engines_tokens_at_batch_1_and_8(stories, proposer, batch, kv_cache_dtype):
+    """Prompts of mixed lengths, one at a time or eight together, with a float or int8 KV cache (the draft's cache
+    as the target's): the tokens of the same engine without speculation."""
+    prompts = stories[0] + [stories[0][1][:3], stories[0][2] * 2]
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    if proposer == "shipped draft":
+        spec = {"method": "draft_model", "model": str(draft_model_path()), "num_speculative_tokens": 4}
+        spec["kv_cache_dtype"] = kv_cache_dtype
+    options = dict(max_num_seqs=batch, kv_cache_dtype=kv_cache_dtype)
+    plain = LLM(**options).generate(prompts, GREEDY, use_tqdm=False)
+    llm = LLM(speculative_config=spec, **options)
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)] == [o.token_ids for o in plain]
+    assert 0 < llm.spec_stats.num_accepted_tokens < llm.spec_stats.num_draft_tokens
+    assert llm.block_manager.num_free_blocks == len(llm.block_manager.blocks)
+
+
+def test_the_draft_models_cache_is_inside_the_kv_budget():
+    """The target sizes its cache after loading the draft: the same budget holds both caches, block for block."""
+    budget = 8 * 2**20
+    plain = LLM(kvcache_memory_bytes=budget).model_runner
+    spec = {"method": "draft_model", "model": str(draft_model_path()), "num_speculative_tokens": 4}
+    runner = LLM(kvcache_memory_bytes=budget, speculative_config=spec).model_runner
+    draft = runner.drafter.runner
+    both = runner.kv_cache_bytes_per_block + draft.kv_cache_bytes_per_block
+    assert runner.num_kvcache_blocks == draft.num_kvcache_blocks == budget // both < plain.num_kvcache_blocks
+    assert runner.kv_cache.nbytes + draft.kv_cache.nbytes <= budget + both  # + the spare block each keeps
+
+
+def test_streaming_yields_every_token_of_a_step_and_closing_early_frees_every_block(stories):
     prompts, expected = stories
     spec = {"method": "draft_model", "model": str(default_model_path()), "num_speculative_tokens": 3}
     llm = LLM(speculative_config=spec)
@@ -176,9 +230,7 @@ def test_streaming_yields_every_token_of_a_step_and_closing_early_frees_both_cac
     stream = llm.stream(prompts[:2], GREEDY)
     next(stream), next(stream)
     stream.close()  # aborts both requests mid-way
-    draft_cache = llm.proposer.block_manager
     assert llm.block_manager.num_free_blocks == len(llm.block_manager.blocks)
-    assert draft_cache.num_free_blocks == len(draft_cache.blocks) and not llm.proposer.mirrors
 
 
 def test_drafts_after_a_kept_eos_draft_count_as_drafted_not_accepted():

@@ -432,21 +432,25 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "one offset at a time. A pure-Python double loop is correct too.",
     ),
     "13.2": (
-        "Walk the drafts and the target's picks side by side, counting how many agree from the start; stop at "
-        "the first disagreement.",
-        "The answer is always a prefix of target_ids: the agreeing drafts equal the target's picks there, and the "
-        "one token after them is the target's pick at the first disagreement (or the bonus row's).",
-        "With n agreeing drafts that is target_ids[: n + 1]; with no drafts, n is 0 and one token comes back.",
+        "Compare every draft with the target's pick at its row, all rows at once, then count per row how many agree "
+        "from the start, before the first disagreement.",
+        "draft_ids == target_ids[:, :k], and-ed with arange(k) < num_drafts[:, None] so that padding never agrees; "
+        "the running product along a row (cumprod of the mask as ints), summed, is n, the drafts kept.",
+        "The answer is target_ids itself in columns 0..n (the kept drafts equal the target's picks there; column n "
+        "is its own token) and PLACEHOLDER_TOKEN_ID after: torch.where(arange(k + 1) <= n[:, None], target_ids, "
+        "-1). A row with no drafts gets one token.",
     ),
     "13.3": (
-        "Loop over the drafts with their row index. Build q for the row: the draft model's row, or for a looked-up "
-        "draft a one-hot vector (torch.zeros_like(p), then a 1 at the draft's id).",
-        "Acceptance is u * q[d] < p[d] (strictly, so that u = 0 never keeps a draft of probability 0), which "
-        "avoids dividing by a q(d) of zero. On rejection the residual is (p - q).clamp_min(0), divided by its "
-        "sum; if rounding left it all zeros, use p.",
-        "A rejection ends the step: return the kept drafts plus the residual draw. If the loop finishes, draw the "
-        "bonus token from the row after the last draft, target_probs[len(draft_ids)]. Pass generator= to every "
-        "draw, rand and multinomial alike.",
+        "Three stages, every row at once: which drafts are accepted, the kept prefix n of each row, then one token "
+        "at column n from that row's residual. Read p(d) and q(d) with gather on the last dimension; for looked-up "
+        "drafts (draft_probs None) q(d) is 1.",
+        "Accept where uniform * q(d) < p(d), in float64 (u.double() against p.double()), and-ed with arange(k) < "
+        "num_drafts[:, None]; cumprod along the row, summed, gives n. Take p at row n of each sequence "
+        "(target_probs[arange(B), n]); q there is the rejected draft's distribution (a one-hot made with scatter_ "
+        "when draft_probs is None), or all zeros on the bonus row (n == num_drafts).",
+        "Residual (p - q).clamp_min(0); where its sum is 0 use p; the token is (residual / exponential).argmax(-1), "
+        "no normalising. Clamp n to k - 1 before indexing drafts with it; the output is the drafts where column < n, "
+        "-1 elsewhere, one more column of -1, and the token scattered into column n (scatter_).",
     ),
     "13.4": (
         "Three statements. The step counted the newest token and all k = len(seq.spec_token_ids) drafts as "

@@ -208,6 +208,15 @@ class BlockManager:
         while len(seq) + len(seq.spec_token_ids) > len(seq.block_table) * self.block_size:
             seq.block_table.append(self._take_new().block_id)
 
+    def num_free_slots(self, seq: Sequence) -> int:
+        """How many tokens seq could add: the free slots of its own blocks, and those of every free block."""
+        return (len(seq.block_table) + self.num_free_blocks) * self.block_size - len(seq)
+
+    def append_free(self, seq: Sequence, num_tokens: int) -> None:
+        """Add free blocks to seq's table, while there are any, until it holds num_tokens tokens."""
+        while self.free_block_ids and len(seq.block_table) * self.block_size < num_tokens:
+            seq.block_table.append(self._take_new().block_id)
+
     def free_tail(self, seq: Sequence, num_tokens: int) -> None:
         """Give back seq's blocks past the first num_tokens tokens (they held drafts that were rejected). They are
         its own, never shared: prefix hits are blocks of a prompt, and drafts come after it."""

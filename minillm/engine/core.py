@@ -25,7 +25,6 @@ from minillm.engine.scheduler import Scheduler
 from minillm.engine.sequence import Sequence, SequenceStatus
 from minillm.engine.worker import describe_failed, join_tensor_parallel, stop_workers
 from minillm.metrics.stats import SchedulerStats
-from minillm.spec_decode import make_proposer
 from minillm.spec_decode.metrics import SpecDecodingStats
 from minillm.utils.parallel import check_tensor_parallel
 
@@ -52,7 +51,6 @@ class EngineCore:
         num_blocks = self.model_runner.num_kvcache_blocks
         self.block_manager = BlockManager(num_blocks, config.kvcache_block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, eos_token_ids)
-        self.proposer = make_proposer(config, model_config.vocab_size, num_blocks)  # drafts (chapter 13), or None
         self.spec_stats = SpecDecodingStats()
         self.requests: dict[str, Sequence] = {}  # the unfinished ones, by request id
         self.suspects: deque[Sequence] = deque()  # requests of a failed step, each to be run alone once
@@ -74,8 +72,6 @@ class EngineCore:
                 seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
             elif not seq.is_finished:  # (a step that finished it may have been interrupted before it said so)
                 self.scheduler.abort(seq)
-            if self.proposer:
-                self.proposer.release([seq])
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -103,16 +99,18 @@ class EngineCore:
         """Schedule and run one step of `scheduler`; the outputs of the requests it gave tokens or failed."""
         output = None
         try:
-            if self.proposer:  # guess the tokens after each decoding sequence's newest
-                self.proposer.propose([seq for seq in scheduler.running if seq.is_decoding])
             output = scheduler.schedule()
             seqs = output.scheduled
             assert seqs, "the scheduler planned an empty step although requests are unfinished"
             lengths, drafted = [len(seq) for seq in seqs], [len(seq.spec_token_ids) for seq in seqs]
-            sampled = self.model_runner.run(output)
-            updated = set(scheduler.update_from_output(output, sampled))
-            if self.proposer:
-                self.spec_stats.observe(seqs, drafted, sampled, [len(seq) - n for seq, n in zip(seqs, lengths)])
+            ran = self.model_runner.run(output)
+            updated = set(scheduler.update_from_output(output, ran.sampled_token_ids))
+            if ran.draft_token_ids is not None:  # speculative decoding (chapter 13): count, and plan the next verify
+                appended = [len(seq) - n for seq, n in zip(seqs, lengths)]
+                self.spec_stats.observe(seqs, drafted, ran.sampled_token_ids, appended)
+                for seq, ids, q in zip(seqs, ran.draft_token_ids, ran.draft_probs or [None] * len(seqs)):
+                    if seq.status == SequenceStatus.RUNNING:  # not finished: its next step verifies them
+                        seq.draft_token_ids, seq.spec_probs = ids, q
         except BaseException as e:
             failed = [*scheduler.running, *scheduler.waiting] if output is None else output.scheduled
             scheduler.rollback(failed)
@@ -159,12 +157,10 @@ class EngineCore:
         return [replace(self.output(seq, [], now), error=f"{type(error).__name__}: {error}") for seq in seqs]
 
     def output(self, seq: Sequence, new_token_ids: list[int], now: float) -> EngineCoreOutput:
-        """What the step did for seq; a finished request leaves the core (and frees its draft model's cache)."""
+        """What the step did for seq; a finished request leaves the core."""
         seq.stamp(now)
         if seq.is_finished:
             self.requests.pop(seq.request_id, None)
-            if self.proposer:
-                self.proposer.release([seq])
         first = seq.num_completion_tokens == len(new_token_ids)
         cached = (seq.num_prompt_cached_tokens or 0) if first else 0
         return EngineCoreOutput(seq.request_id, new_token_ids, seq.finish_reason, cached)

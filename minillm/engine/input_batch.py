@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from minillm.config import Config
+from minillm.layers.attention.paged_attention import slot_mapping_for
 from minillm.utils.context import Context
 
 
@@ -29,6 +30,29 @@ class StepInputs:
     num_decodes: int = 0  # a prefill whose first rows are this many sequences of one new token (a mixed step)
 
 
+def rows_step_inputs(rows: list[tuple[list[int], int, list[int], bool]], block_size: int) -> StepInputs:
+    """A step of rows (token_ids, start, block_table, samples), as a draft model runs them (chapter 13): each runs its
+    tokens at positions start.. over the keys and values before them in its blocks, and a row that samples gives
+    the logits of its last token. Rows of one token that all sample are a decode step (replayed per bucket)."""
+    tables = [table for _, _, table, _ in rows]
+    if all(len(ids) == 1 and samples for ids, _, _, samples in rows):
+        starts = [start for _, start, _, _ in rows]
+        slots = [slot_mapping_for(table, start, start + 1, block_size)[0] for _, start, table, _ in rows]
+        first = [ids[0] for ids, _, _, _ in rows]
+        return StepInputs(False, first, starts, slots, tables, context_lens=[start + 1 for start in starts])
+    input_ids, positions, slot_mapping, cu_q, cu_k, logits_indices = [], [], [], [0], [0], []
+    for ids, start, table, samples in rows:
+        end = start + len(ids)
+        input_ids += ids
+        positions += range(start, end)
+        slot_mapping += slot_mapping_for(table, start, end, block_size)
+        cu_q.append(cu_q[-1] + len(ids))
+        cu_k.append(cu_k[-1] + end)
+        logits_indices += [cu_q[-1] - 1] if samples else []
+    tables = tables if cu_k[-1] > cu_q[-1] else None  # None: no keys come from the cache
+    return StepInputs(True, input_ids, positions, slot_mapping, tables, cu_q, cu_k, logits_indices)
+
+
 class InputBuffers:
     """The step's input tensors at their largest (a step's tokens, its sequences, a sequence's blocks)."""
 
@@ -37,7 +61,7 @@ class InputBuffers:
         tokens = max(config.max_num_batched_tokens, seqs)  # a decode step has one token per sequence
         # a decode step's rows: one per sequence, and one per draft token it verifies (chapter 13)
         spec = config.speculative_config
-        rows = min(tokens, seqs * (1 + spec["num_speculative_tokens"])) if spec else seqs
+        rows = self.decode_rows = min(tokens, seqs * (1 + spec["num_speculative_tokens"])) if spec else seqs
         buf = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=device)
         self.input_ids, self.positions, self.slot_mapping = buf(tokens), buf(tokens), buf(tokens)
         self.context_lens, self.logits_indices = buf(rows), buf(rows)

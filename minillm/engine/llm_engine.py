@@ -95,7 +95,7 @@ class LLMEngine:
     scheduler = property(lambda self: self.engine_core.scheduler)
     block_manager = property(lambda self: self.engine_core.block_manager)
     model_runner = property(lambda self: self.engine_core.model_runner)
-    proposer = property(lambda self: self.engine_core.proposer)
+    drafter = property(lambda self: self.engine_core.model_runner.drafter)
     spec_stats = property(lambda self: self.engine_core.spec_stats)
     closed = property(lambda self: self.engine_core.closed)
     workers = property(lambda self: self.engine_core.workers)

@@ -5,28 +5,31 @@ Three steps, as in nano-vllm: `prepare_prefill` / `prepare_decode` lay the batch
 forward pass (the one place that chooses between eager, compiled and graph replay); the `Sampler` picks the
 tokens. What the device offers (kernels, attention backend, threads, defaults) is the runner's Platform. Under
 tensor parallelism (chapter 10) every rank has a ModelRunner with its shard of the model: rank 0 prepares each
-step and broadcasts its StepInputs, every rank loads and runs them, rank 0 samples.
+step and broadcasts its StepInputs, every rank loads and runs them, rank 0 samples. With speculative decoding
+(chapter 13) rank 0 also owns the proposer (`drafter`, as in vLLM V1) and calls it right after sampling: the drafts
+come back with the step's tokens, for the scheduler to verify in the next step.
 """
 
 import torch
 
 from minillm.config import Config
 from minillm.engine.graphs import CompiledDecodeSteps, CUDADecodeGraphs
-from minillm.engine.input_batch import InputBuffers, StepInputs
+from minillm.engine.input_batch import InputBuffers, StepInputs, rows_step_inputs
+from minillm.engine.kv_budget import kv_cache_budget
 from minillm.engine.kv_cache import (
     allocate_int8_kv_cache,
     allocate_kv_cache,
     kv_cache_bytes_per_token,
     kv_cache_int8_bytes_per_token,
 )
-from minillm.engine.scheduler_output import SchedulerOutput
+from minillm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from minillm.engine.sequence import Sequence
 from minillm.layers.attention.paged_attention import slot_mapping_for
 from minillm.layers.rejection_sampler import RejectionSampler
 from minillm.layers.sampler import Sampler, SamplingMetadata
 from minillm.models import build_model
 from minillm.platforms import select_platform
-from minillm.sampling_params import SamplingParams
+from minillm.spec_decode import DraftInput, make_proposer
 from minillm.utils.compile import compiled_layers
 from minillm.utils.context import Context, reset_context, set_context
 from minillm.utils.parallel import TensorParallelGroup, cpu_threads, tensor_parallel
@@ -35,8 +38,10 @@ TORCH_GRAPH_GATHER_BYTES = 2**30  # the most the torch backend's decode attentio
 
 
 class ModelRunner:
-    def __init__(self, config: Config, model_path, group: TensorParallelGroup | None = None):
-        self.group = group  # None: one process holds the whole model
+    def __init__(self, config: Config, model_path, group: TensorParallelGroup | None = None, kv_cache: bool = True):
+        """kv_cache=False: no KV cache yet (a draft model's runner: the target sizes both caches and gives it as many
+        blocks as its own, `initialize_kv_cache`)."""
+        self.config, self.group = config, group  # group None: one process holds the whole model
         self.dtype = getattr(torch, config.dtype)
         self.platform = select_platform(
             config, self.dtype, group.size if group else 1, group.local_rank if group else 0
@@ -52,32 +57,49 @@ class ModelRunner:
         self.sampler = Sampler()
         self.rejection_sampler = RejectionSampler()
         self.eager_reason = self.why_eager(config)  # before the KV budget: CUDA graphs keep a memory pool
-        tp_size = group.size if group else 1  # each rank caches its share of the KV heads
         self.kv_cache_dtype = config.kv_cache_dtype  # "int8": int8 keys and values, a float32 scale per token and head
-        if self.kv_cache_dtype == "int8":
-            bytes_per_block = kv_cache_int8_bytes_per_token(self.model.config) * self.block_size
-        else:
-            bytes_per_block = kv_cache_bytes_per_token(self.model.config, self.dtype) * self.block_size
-        bytes_per_block //= tp_size
-        self.num_kvcache_blocks = config.num_kvcache_blocks or self.kv_cache_budget(config) // bytes_per_block
+        self.compile_layers = self.platform.compile_layers if config.compile_layers is None else config.compile_layers
+        self.drafter = None  # speculative decoding's proposer (chapter 13), on the rank that samples
+        if not kv_cache:
+            return
+        if not (group and group.rank):  # a draft model is loaded before the KV budget is measured
+            load = lambda draft, path: ModelRunner(draft, path, kv_cache=False)
+            self.drafter = make_proposer(config, self.model.config.vocab_size, load)
+        draft = getattr(self.drafter, "runner", None)
+        bytes_per_block = self.kv_cache_bytes_per_block + (draft.kv_cache_bytes_per_block if draft else 0)
+        num_blocks = config.num_kvcache_blocks or kv_cache_budget(self, config) // bytes_per_block
         if group:  # every rank must hold the same blocks: the fewest any rank has room for
-            self.num_kvcache_blocks = group.min(self.num_kvcache_blocks)
-        if self.num_kvcache_blocks < 1:
+            num_blocks = group.min(num_blocks)
+        if num_blocks < 1:
             raise ValueError(
                 f"no memory is left for the KV cache (one block needs {bytes_per_block} bytes): "
                 "raise kvcache_memory_bytes / gpu_memory_utilization or use a smaller model"
             )
+        self.initialize_kv_cache(num_blocks)
+        if draft:
+            draft.initialize_kv_cache(num_blocks)
+
+    @property
+    def kv_cache_bytes_per_block(self) -> int:
+        """Bytes of this runner's share of one KV block (each tensor-parallel rank caches its share of the heads)."""
+        if self.kv_cache_dtype == "int8":
+            per_token = kv_cache_int8_bytes_per_token(self.model.config)
+        else:
+            per_token = kv_cache_bytes_per_token(self.model.config, self.dtype)
+        return per_token * self.block_size // (self.group.size if self.group else 1)
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate the KV cache, num_blocks blocks, and prepare the decode steps replayed over it."""
+        self.num_kvcache_blocks, config = num_blocks, self.config
         # one spare block at the end, never handed out: padded rows of a decode step write there (PAD_SLOT_ID)
         if self.kv_cache_dtype == "int8":  # kv_scales: [2, layers, blocks, block_size, kv_heads]
-            self.kv_cache, self.kv_scales = allocate_int8_kv_cache(
-                self.model, self.num_kvcache_blocks + 1, self.block_size
-            )
+            self.kv_cache, self.kv_scales = allocate_int8_kv_cache(self.model, num_blocks + 1, self.block_size)
         else:
-            self.kv_cache = allocate_kv_cache(self.model, self.num_kvcache_blocks + 1, self.block_size)
-        self.compile_layers = self.platform.compile_layers if config.compile_layers is None else config.compile_layers
+            self.kv_cache = allocate_kv_cache(self.model, num_blocks + 1, self.block_size)
         cuda, sizes = self.device.type == "cuda", config.cudagraph_capture_sizes
         kind = CUDADecodeGraphs if cuda else CompiledDecodeSteps
-        self.graphs = None if self.eager_reason else kind(self, min(config.max_num_seqs, 512), sizes)
+        # buckets up to a decode step's most rows: a sequence each, and one per draft a verify step checks
+        self.graphs = None if self.eager_reason else kind(self, min(self.buffers.decode_rows, 512), sizes)
         if self.graphs and (cuda or sizes):  # every bucket on CUDA, the named ones on a CPU: built now, not mid-service
             self.graphs.capture()
 
@@ -91,7 +113,7 @@ class ModelRunner:
         if config.enforce_eager is None and not self.platform.replays_decode:
             return "the CPU default: compiling costs seconds per batch-size bucket; enforce_eager=False turns it on"
         if self.device.type == "cuda" and self.platform.attention_backend.name == "torch":
-            c, rows = self.model.config, min(config.max_num_seqs, 512)
+            c, rows = self.model.config, min(self.buffers.decode_rows, 512)
             kv_heads = max(1, c.num_key_value_heads // (self.group.size if self.group else 1))
             width = -(-config.max_model_len // self.block_size) * self.block_size
             gathered = 2 * rows * width * kv_heads * c.head_dim * self.dtype.itemsize
@@ -116,58 +138,6 @@ class ModelRunner:
         the layers' hot functions are compiled."""
         steps = f"eager ({self.eager_reason})" if self.graphs is None else self.graphs.describe()
         return f"{steps}; layers {'compiled' if self.compile_layers else 'eager'}"
-
-    def kv_cache_budget(self, config: Config) -> int:
-        """Bytes for the KV cache. CPU: kvcache_memory_bytes. CUDA: gpu_memory_utilization of the device, less
-        what is in use and what a step needs beside the cache, measured by warm-up runs: the peak of the largest
-        step (`warmup`) and, when decode steps will be CUDA graphs, the memory their pool keeps (the activations
-        of a forward at the largest bucket); and one layer's context read out of the cache (a prefill over a
-        cached prefix copies up to max_model_len keys and values)."""
-        if self.device.type != "cuda":
-            return config.kvcache_memory_bytes
-
-        def measured(run) -> int:  # the bytes `run` needed beyond what stays allocated
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(self.device)
-            run()
-            stats = torch.cuda.memory_stats(self.device)
-            return stats["allocated_bytes.all.peak"] - stats["allocated_bytes.all.current"]
-
-        step = measured(lambda: self.warmup(config))
-        rows = min(config.max_num_seqs, 512)  # the largest bucket's rows, as sequences of one token
-        graph_pool = measured(lambda: self.dummy_forward(rows, 1)) if self.eager_reason is None else 0
-        # its keys and values, copied out per sequence and then packed: twice
-        context = (
-            2
-            * config.max_model_len
-            * kv_cache_bytes_per_token(self.model.config, self.dtype)
-            // (self.model.config.num_hidden_layers * (self.group.size if self.group else 1))
-        )
-        torch.cuda.empty_cache()  # what the warm-ups left cached is free for the cache
-        free, total = torch.cuda.mem_get_info(self.device)
-        return int(total * config.gpu_memory_utilization - (total - free) - step - graph_pool - context)
-
-    @torch.inference_mode()
-    def warmup(self, config: Config) -> None:
-        """The largest step, with no cache yet: a prefill of max_num_batched_tokens tokens (as sequences of
-        max_model_len), then the logits and a top-k/top-p sample (a sort of [rows, vocab]) of max_num_seqs rows."""
-        max_len = min(config.max_model_len, config.max_num_batched_tokens)
-        hidden = self.dummy_forward(max(1, min(config.max_num_batched_tokens // max_len, config.max_num_seqs)), max_len)
-        logits = self.model.compute_logits(hidden[torch.arange(config.max_num_seqs, device=self.device) % len(hidden)])
-        if logits is not None:  # rank 0 samples
-            params = [SamplingParams(temperature=1.0, top_k=50, top_p=0.9)] * config.max_num_seqs
-            self.sampler(logits, SamplingMetadata.build(params, [None] * len(params), self.device))
-
-    @torch.inference_mode()
-    def dummy_forward(self, num_seqs: int, seq_len: int) -> torch.Tensor:
-        """The forward pass of num_seqs prompts of seq_len tokens that store nothing (every slot -1)."""
-        n, cu = num_seqs * seq_len, list(range(0, num_seqs * seq_len + 1, seq_len))
-        ctx = self.load(StepInputs(True, [0] * n, list(range(seq_len)) * num_seqs, [-1] * n, None, cu, cu, []))
-        set_context(ctx)
-        try:
-            return self.model(ctx.input_ids, ctx.positions)
-        finally:
-            reset_context()
 
     def prepare_prefill(self, seqs: list[Sequence]) -> StepInputs:
         """Pack each sequence's scheduled tokens end to end: cu_seqlens, slot_mapping (and block_tables when some
@@ -258,10 +228,11 @@ class ModelRunner:
         finally:
             reset_context()
 
-    def run(self, output: SchedulerOutput) -> list[list[int]]:
+    def run(self, output: SchedulerOutput) -> ModelRunnerOutput:
         """One step; for each of output.scheduled, the tokens it produced: [] for a prompt chunk that did not reach
-        the end, else its kept drafts (chapter 13) and one token. Decoding sequences run first, ordered by length
-        (similar contexts side by side, see CPUAttentionBackend), then the prompt chunks in the order scheduled."""
+        the end, else its kept drafts (chapter 13) and one token; and, with speculative decoding, the drafts its
+        next step is to verify. Decoding sequences run first, ordered by length (similar contexts side by side, see
+        CPUAttentionBackend), then the prompt chunks in the order scheduled."""
         seqs = output.scheduled
         batch = sorted((seq for seq in seqs if seq.decodes_this_step), key=len)
         batch += [seq for seq in seqs if not seq.decodes_this_step]
@@ -284,7 +255,27 @@ class ModelRunner:
             else:
                 tokens = [[t] for t in self.sampler(logits, self.prepare_sample(sampled)).tolist()] if sampled else []
         tokens = dict(zip(sampled, tokens))
-        return [tokens.get(seq, []) for seq in seqs]
+        new_token_ids = [tokens.get(seq, []) for seq in seqs]
+        if self.drafter is None:
+            return ModelRunnerOutput(new_token_ids)
+        with cpu_threads(self.platform.threads), compiled_layers(self.compile_layers):
+            return ModelRunnerOutput(new_token_ids, *self.propose(seqs, new_token_ids))
+
+    def propose(self, seqs: list[Sequence], new_token_ids: list[list[int]]):
+        """Speculative decoding (chapter 13), right after sampling: the drafter's guesses of what follows each
+        sequence's new tokens (at most k, and at most what max_tokens leaves after the token the next step samples
+        anyway), and a draft model's distributions of them."""
+        inputs = []
+        for seq, new in zip(seqs, new_token_ids):
+            start, k = seq.num_computed_tokens, min(self.drafter.k, seq.remaining_tokens - len(new) - 1)
+            end = len(seq) + len(new) if new else start + seq.num_scheduled_tokens
+            args = seq.block_table, k if new else 0, seq.sampling_params, seq.generator
+            inputs.append(DraftInput(seq.token_ids + new, start, end, *args))
+        return self.drafter.propose(inputs)
+
+    def execute_rows(self, rows: list[tuple[list[int], int, list[int], bool]]) -> torch.Tensor:
+        """A draft model's forward (chapter 13): the logits of the rows that sample (`rows_step_inputs`)."""
+        return self.execute(rows_step_inputs(rows, self.block_size))
 
     def loop(self) -> None:
         """Ranks 1..N-1: run every step rank 0 sends until it sends the end (see TensorParallelGroup)."""

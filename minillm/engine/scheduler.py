@@ -16,13 +16,12 @@ from minillm.engine.sequence import Sequence, SequenceStatus, finish_reason
 
 class Scheduler:
     def __init__(self, config: Config, block_manager: BlockManager, eos_token_ids: list[int]):
-        self.max_num_seqs = config.max_num_seqs
-        self.max_num_batched_tokens = config.max_num_batched_tokens
-        self.mixed_steps = config.mixed_steps
-        self.long_prefill_token_threshold = config.long_prefill_token_threshold
-        self.policy = config.scheduling_policy
-        self.new_token_ratio = config.new_token_ratio
+        self.max_num_seqs, self.max_num_batched_tokens = config.max_num_seqs, config.max_num_batched_tokens
+        self.mixed_steps, self.long_prefill_token_threshold = config.mixed_steps, config.long_prefill_token_threshold
+        self.policy, self.new_token_ratio = config.scheduling_policy, config.new_token_ratio
         self.block_manager = block_manager
+        spec = config.speculative_config or {}  # a draft model writes keys and values past the tokens a step verifies
+        self.num_lookahead_tokens = spec["num_speculative_tokens"] if spec.get("method") == "draft_model" else 0
         self.eos_token_ids = set(eos_token_ids)
         self.waiting: deque[Sequence] = deque()  # in queue order (queue_key); none of them holds blocks
         self.running: deque[Sequence] = deque()  # admitted: holding blocks, decoding or part-way through a prompt
@@ -57,6 +56,9 @@ class Scheduler:
         for seq in new:  # what the output reports: the prompt's cache hits at its first admission
             if seq.num_prompt_cached_tokens is None:
                 seq.num_prompt_cached_tokens = seq.num_cached_tokens
+        for seq in [s for s in decodes + chunks + new if s.samples_this_step] if self.num_lookahead_tokens else []:
+            # chapter 13: blocks, as many as are free, for the keys and values a draft model writes past the step
+            self.block_manager.append_free(seq, len(seq) + len(seq.spec_token_ids) + self.num_lookahead_tokens)
         return SchedulerOutput(new, decodes + chunks)
 
     def has_prompt_work(self) -> bool:
@@ -176,9 +178,7 @@ class Scheduler:
         verify, from its `draft_token_ids` as far as `budget` and the free blocks allow; returns how many."""
         bm, total = self.block_manager, 0
         for seq in filter(lambda seq: seq.draft_token_ids, seqs):
-            n = max(0, min(len(seq.draft_token_ids), budget - total))
-            while n and bm.num_blocks(len(seq) + n) - len(seq.block_table) > bm.num_free_blocks:
-                n -= 1
+            n = max(0, min(len(seq.draft_token_ids), budget - total, bm.num_free_slots(seq)))
             seq.spec_token_ids, seq.draft_token_ids = seq.draft_token_ids[:n], []  # taken into the plan
             bm.may_append(seq)
             seq.num_scheduled_tokens += n
@@ -211,7 +211,7 @@ class Scheduler:
     def requeue(self, seq: Sequence) -> None:
         """Free seq's blocks and put it back in waiting, in queue order."""
         self.release(seq)
-        seq.status, seq.spec_token_ids = SequenceStatus.WAITING, []
+        seq.status, seq.spec_token_ids, seq.draft_token_ids, seq.spec_probs = SequenceStatus.WAITING, [], [], None
         self.add(seq)
 
     def abort(self, seq: Sequence) -> None:

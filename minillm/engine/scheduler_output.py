@@ -3,6 +3,8 @@ vllm/v1/core/sched/output.py)."""
 
 from dataclasses import dataclass, field
 
+import torch
+
 from minillm.engine.sequence import Sequence
 
 
@@ -37,3 +39,15 @@ class SchedulerOutput:
     @property
     def scheduled_spec_decode_tokens(self) -> dict[int, list[int]]:
         return {seq.seq_id: list(seq.spec_token_ids) for seq in self.scheduled if seq.spec_token_ids}
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What the model runner gives back for one step (vLLM's name): for each of the plan's `scheduled` sequences, the
+    tokens it produced ([] for a prompt chunk that did not reach the end) and, with speculative decoding (chapter
+    13), the drafts its next step is to verify and the draft model's distributions of them (None: looked up, or
+    picked greedily)."""
+
+    sampled_token_ids: list[list[int]]
+    draft_token_ids: list[list[int]] | None = None
+    draft_probs: list[torch.Tensor | None] | None = None

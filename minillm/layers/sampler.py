@@ -70,17 +70,22 @@ class SamplingMetadata:
 
 def sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     """Pick one token per row of logits [B, V]: argmax where temperature is 0, otherwise a draw from the
-    tempered, truncated distribution. The draw is argmax(p / E) with E ~ Exponential(1) noise, which picks
-    token i with probability p_i. Unseeded rows share one batched draw; a seeded row redraws its noise from
-    its own generator, so it gets the same tokens whatever else is in the batch."""
+    tempered, truncated distribution (`draw`)."""
     greedy = logits.argmax(dim=-1)
     if md.all_greedy:
         return greedy
-    probs = probabilities(logits, md)
+    return draw(probabilities(logits, md), md, greedy)
+
+
+def draw(probs: torch.Tensor, md: SamplingMetadata, greedy: torch.Tensor) -> torch.Tensor:
+    """A token per row of probs [B, V] where the row's temperature is above 0, else the row's greedy token. The
+    draw is argmax(p / E) with E ~ Exponential(1) noise, which picks token i with probability p_i. Unseeded rows
+    share one batched draw; a seeded row redraws its noise from its own generator, so it gets the same tokens
+    whatever else is in the batch."""
     noise = torch.empty_like(probs).exponential_()
     for row, generator in md.generators.items():
         noise[row].exponential_(generator=generator)
-    drawn = probs.div_(noise.clamp_min_(1e-10)).argmax(dim=-1)  # a zero draw would divide to inf or NaN
+    drawn = (probs / noise.clamp_min_(1e-10)).argmax(dim=-1)  # a zero draw would divide to inf or NaN
     return torch.where(md.temperatures > 0, drawn, greedy)
 
 

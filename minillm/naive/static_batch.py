@@ -65,11 +65,11 @@ def run_batch(engine: LLMEngine, seqs: list[Sequence]) -> None:
     scheduler.running.extend(seqs)
     while not all(seq.is_decoding for seq in seqs):
         step = scheduler.schedule_chunks(scheduler.max_num_batched_tokens)
-        record_step(scheduler, step, engine.model_runner.run(SchedulerOutput([], step)))
+        record_step(scheduler, step, engine.model_runner.run(SchedulerOutput([], step)).sampled_token_ids)
     while scheduler.running:
         for seq in seqs:
             seq.num_scheduled_tokens = 1  # finished rows too: wasted work
-        record_step(scheduler, seqs, engine.model_runner.run(SchedulerOutput([], seqs)))
+        record_step(scheduler, seqs, engine.model_runner.run(SchedulerOutput([], seqs)).sampled_token_ids)
 
 
 def record_step(scheduler: Scheduler, seqs: list[Sequence], sampled: list[list[int]]) -> None:

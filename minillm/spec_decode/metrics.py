@@ -1,10 +1,6 @@
 """What speculation gained: vLLM's SpecDecodingStats, counted over the steps that verified drafts."""
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from minillm.engine.sequence import Sequence
 
 
 @dataclass
@@ -13,11 +9,12 @@ class SpecDecodingStats:
     num_draft_tokens: int = 0  # drafts checked
     num_accepted_tokens: int = 0  # drafts kept
 
-    def observe(self, seqs: list["Sequence"], drafted: list[int], sampled: list[list[int]], appended: list[int]):
+    def observe(self, seqs: list, drafted: list[int], sampled: list[list[int]], appended: list[int]):
         """Count a step's verified drafts: seqs[i] checked drafted[i] drafts, the sampler gave it sampled[i] (the
         drafts kept, then one token of the target's own) and appended[i] of those became its tokens (fewer where
         one finished it: a kept EOS draft drops the drafts after it, and they count as drafted, not accepted).
-        The engine's totals, and each request's own."""
+        The engine's totals, and each request's own (seqs: the step's requests, each counting its num_draft_tokens
+        and num_accepted_tokens)."""
         for seq, k, tokens, n in zip(seqs, drafted, sampled, appended):
             if k and tokens:
                 accepted = min(len(tokens) - 1, n)

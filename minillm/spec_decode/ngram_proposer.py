@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from minillm.engine.sequence import Sequence
+    from minillm.spec_decode.inputs import DraftInput
 
 
 def ngram_propose(token_ids: list[int], k: int, n_max: int, n_min: int) -> list[int]:
@@ -40,17 +40,13 @@ def ngram_propose(token_ids: list[int], k: int, n_max: int, n_min: int) -> list[
 
 
 class NgramProposer:
-    """Drafts for each running sequence by prompt lookup over its own tokens (prompt and output)."""
+    """Drafts for each sequence by prompt lookup over its own tokens (prompt and output)."""
 
     def __init__(self, num_speculative_tokens: int, prompt_lookup_max: int, prompt_lookup_min: int):
         self.k, self.n_max, self.n_min = num_speculative_tokens, prompt_lookup_max, prompt_lookup_min
 
-    def propose(self, seqs: list["Sequence"]) -> None:
-        """Set each sequence's draft_token_ids: at most k, and never more than its max_tokens leaves room for
-        after the token the step samples anyway (the bonus token)."""
-        for seq in seqs:
-            k = min(self.k, seq.remaining_tokens - 1)
-            seq.draft_token_ids = ngram_propose(seq.token_ids, k, self.n_max, self.n_min) if k > 0 else []
-
-    def release(self, seqs: list["Sequence"]) -> None:
-        """Nothing to free: lookup keeps no state between steps (a draft model keeps a cache, DraftModelProposer)."""
+    def propose(self, inputs: list["DraftInput"]) -> tuple[list[list[int]], None]:
+        """Up to num_drafts drafts for each sequence (looked up: no distributions to return)."""
+        return [
+            ngram_propose(i.token_ids, i.num_drafts, self.n_max, self.n_min) if i.num_drafts else [] for i in inputs
+        ], None

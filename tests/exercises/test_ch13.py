@@ -57,26 +57,44 @@ def test_lookup_prefers_the_longest_match_and_stops_at_the_end(impl):
         assert impl.ngram_propose(ids, k, n_max, n_min) == plain_lookup(ids, k, n_max, n_min), (ids, k, n_max, n_min)
 
 
+def batch(rows: list[list[int]], k: int):
+    """Ragged drafts as the padded [B, k] tensor and their counts."""
+    return torch.tensor([r + [0] * (k - len(r)) for r in rows]).view(len(rows), k), torch.tensor([len(r) for r in rows])
+
+
 @pytest.mark.exercise("13.2")
 def test_greedy_accept_keeps_the_agreeing_prefix_then_the_targets_token(impl):
-    assert impl.greedy_accept([5, 6, 7, 8], [5, 6, 9]) == [5, 6, 7]
-    assert impl.greedy_accept([4, 6], [5]) == [4], "the first draft wrong: only the target's token"
-    assert impl.greedy_accept([5, 6, 7], [5, 6]) == [5, 6, 7], "all right: the bonus token too"
-    assert impl.greedy_accept([3], []) == [3]
-    assert impl.greedy_accept([1, 2, 3], [1, 9]) == [1, 2], "the target's token replaces the first wrong draft"
+    drafts, counts = batch([[5, 6, 9], [5], [5, 6, 7], []], 3)
+    target = torch.tensor([[5, 6, 7, 8], [4, 6, 0, 0], [5, 6, 7, 1], [3, 3, 3, 3]])
+    out = impl.greedy_accept(target, drafts, counts)
+    assert out.tolist() == [[5, 6, 7, -1], [4, -1, -1, -1], [5, 6, 7, 1], [3, -1, -1, -1]], (
+        "row 0: two kept, then the target's 7; row 1: the first draft wrong; row 2: all kept and the bonus; "
+        "row 3: no drafts, the target's token"
+    )
+    drafts, counts = batch([[1, 2], [1, 9]], 3)
+    out = impl.greedy_accept(torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4]]), drafts, counts)
+    assert out.tolist() == [[1, 2, 3, -1], [1, 2, -1, -1]], "padding after a row's drafts is never compared"
 
 
-def draws(impl, target, drafts, draft_probs, n, seed=0):
-    """The first token rejection_sample keeps, over n seeded draws."""
+def sample_batch(impl, p, drafts, q, n, seed=0, d_from_q=False):
+    """n rows of one sequence's verification, each with its own seeded uniforms and noise: [n, k + 1] tokens."""
     g = torch.Generator().manual_seed(seed)
-    return [impl.rejection_sample(target, drafts, draft_probs, g)[0] for _ in range(n)]
+    k = len(drafts)
+    ids = torch.tensor(drafts).expand(n, k).clone()
+    if d_from_q:  # each row's draft drawn from q
+        ids = torch.multinomial(q[0], n, replacement=True, generator=g)[:, None]
+    uniform = torch.rand(n, k, dtype=torch.float64, generator=g)
+    exponential = torch.empty(n, p.shape[-1]).exponential_(generator=g)
+    qs = None if q is None else q.expand(n, *q.shape)
+    return impl.rejection_sample(p.expand(n, *p.shape), ids, torch.full((n,), k), qs, uniform, exponential)
 
 
 @pytest.mark.exercise("13.3")
 def test_a_looked_up_draft_leaves_the_targets_distribution_unchanged(impl):
     p = torch.tensor([[0.5, 0.3, 0.15, 0.05, 0.0], [0.2, 0.2, 0.2, 0.2, 0.2]])
     for draft in (0, 3, 4):  # a likely draft, an unlikely one, one the target never picks
-        counts = torch.bincount(torch.tensor(draws(impl, p, [draft], None, 4000)), minlength=5)
+        out = sample_batch(impl, p, [draft], None, 4000)
+        counts = torch.bincount(out[:, 0], minlength=5)
         assert counts[4] == 0, "a token of probability 0 must never come out"
         assert chi_square_pvalue(counts, p[0]) > 0.001, (
             f"draft {draft}: the first token's counts {counts.tolist()} are not distributed as p {p[0].tolist()}"
@@ -87,36 +105,35 @@ def test_a_looked_up_draft_leaves_the_targets_distribution_unchanged(impl):
 def test_a_drawn_draft_is_corrected_by_the_residual(impl):
     p = torch.tensor([[0.1, 0.6, 0.3], [0.3, 0.3, 0.4]])
     q = torch.tensor([[0.7, 0.2, 0.1]])  # a draft model that is often wrong: its favourite is the target's least
-    g, first = torch.Generator().manual_seed(1), []
-    for _ in range(4000):
-        d = int(torch.multinomial(q[0], 1, generator=g))
-        first.append(impl.rejection_sample(p, [d], q, g)[0])
-    assert chi_square_pvalue(torch.bincount(torch.tensor(first), minlength=3), p[0]) > 0.001
+    out = sample_batch(impl, p, [0], q, 4000, seed=1, d_from_q=True)
+    assert chi_square_pvalue(torch.bincount(out[:, 0], minlength=3), p[0]) > 0.001
 
 
 @pytest.mark.exercise("13.3")
-def test_accepted_drafts_are_followed_by_the_bonus_and_the_seed_is_honoured(impl):
-    p = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
-    g = torch.Generator().manual_seed(0)
-    assert impl.rejection_sample(p, [1, 2], None, g) == [1, 2, 0], "certain drafts are kept, then the bonus"
-    assert impl.rejection_sample(p, [0, 2], None, g) == [1], "a draft of probability 0 is replaced, the rest dropped"
-    mixed = torch.full((3, 3), 1 / 3)
-    assert draws(impl, mixed, [0, 1], None, 50, seed=7) == draws(impl, mixed, [0, 1], None, 50, seed=7), (
-        "the same generator seed must give the same tokens: pass generator= to every draw"
-    )
+def test_accepted_drafts_are_followed_by_the_bonus_and_rows_are_independent(impl):
+    p = torch.tensor([[[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]] * 3)
+    drafts, counts = batch([[1, 2], [0, 2], [1]], 2)
+    uniform, noise = torch.full((3, 2), 0.5, dtype=torch.float64), torch.ones(3, 3)
+    out = impl.rejection_sample(p, drafts, counts, None, uniform, noise)
+    assert out[0].tolist() == [1, 2, 0], "certain drafts are kept, then the bonus from the row after them"
+    assert out[1].tolist() == [1, -1, -1], "a draft of probability 0 is replaced, the rest dropped"
+    assert out[2].tolist() == [1, 2, -1], "one draft: kept, then the bonus from its own second row"
 
 
 @pytest.mark.exercise("13.3")
-def test_u_of_exactly_zero_keeps_no_draft_of_probability_zero_and_a_zero_residual_falls_back_to_p(impl, monkeypatch):
-    """torch.rand gives exactly 0 once in 2^24 draws: u * q(d) <= p(d) would then keep a draft the target never
-    picks. And p, q that differ only by rounding can leave max(p - q, 0) all zeros after a rejection."""
-    p = torch.tensor([[0.0, 0.5, 0.5], [1 / 3] * 3])
-    monkeypatch.setattr(torch, "rand", lambda *args, **kwargs: torch.zeros(()))
-    assert impl.rejection_sample(p, [0], None, None)[0] != 0, "u = 0 kept a draft of probability 0"
-    q = torch.tensor([[0.5, 0.5, 0.0]])
-    below = torch.tensor([[0.5 - 1e-7, 0.5 - 1e-7, 0.0], [1 / 3] * 3])  # p <= q everywhere: the residual is 0
-    monkeypatch.setattr(torch, "rand", lambda *args, **kwargs: torch.tensor(0.9999999))  # rejects draft 0
-    assert impl.rejection_sample(below, [0], q, None)[0] in (0, 1), "a zero residual must fall back to p"
+def test_u_of_exactly_zero_keeps_no_draft_of_probability_zero_and_a_zero_residual_falls_back_to_p(impl):
+    """A uniform can be exactly 0: u * q(d) <= p(d) would then keep a draft the target never picks. And p, q
+    that differ only by rounding can leave max(p - q, 0) all zeros after a rejection."""
+    p = torch.tensor([[[0.0, 0.5, 0.5], [1 / 3] * 3]])
+    zero = torch.zeros(1, 1, dtype=torch.float64)
+    out = impl.rejection_sample(p, torch.tensor([[0]]), torch.tensor([1]), None, zero, torch.ones(1, 3))
+    assert out[0, 0] != 0, "u = 0 kept a draft of probability 0"
+    q = torch.tensor([[[0.5, 0.5, 0.0]]])
+    below = torch.tensor([[[0.5 - 1e-7, 0.5 - 1e-7, 0.0], [1 / 3] * 3]])  # p <= q everywhere: the residual is 0
+    almost_one = torch.full((1, 1), 0.9999999, dtype=torch.float64)  # rejects draft 0
+    noise = torch.tensor([[1.0, 0.5, 1.0]])
+    out = impl.rejection_sample(below, torch.tensor([[0]]), torch.tensor([1]), q, almost_one, noise)
+    assert out[0, 0] == 1, "a zero residual must fall back to p (argmax(p / noise) is token 1 here)"
 
 
 def scheduler(num_blocks=16, block_size=4):

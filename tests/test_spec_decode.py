@@ -246,3 +246,12 @@ def test_drafts_after_a_kept_eos_draft_count_as_drafted_not_accepted():
     stats.observe(seqs, [3, 2, 0], [[5, 0, 7, 8], [4, 6, 9], [1]], [2, 3, 1])
     assert stats.counts() == (2, 5, 4)
     assert [(s.num_draft_tokens, s.num_accepted_tokens) for s in seqs] == [(3, 2), (2, 2), (0, 0)]
+
+
+@pytest.mark.parametrize("batch, k", [(1, 4), (1, 2), (4, 4), (16, 3)])
+def test_every_verify_step_has_a_compiled_bucket(batch, k):
+    """A verify step is a decode step of up to batch × (k + 1) rows: the decode buckets reach that far (at batch 1
+    and k = 4, five rows replay in the bucket of 8), so compiled speculation never falls back to eager steps."""
+    spec = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3}
+    graphs = LLM(max_num_seqs=batch, enforce_eager=False, speculative_config=spec).model_runner.graphs
+    assert all(graphs.bucket_for(rows) is not None for rows in range(1, batch * (k + 1) + 1))

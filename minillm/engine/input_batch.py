@@ -30,6 +30,18 @@ class StepInputs:
     num_decodes: int = 0  # a prefill whose first rows are this many sequences of one new token (a mixed step)
 
 
+def decode_rows(config: Config) -> int:
+    """The most rows a decode step has: one per sequence; with speculative decoding (chapter 13) one per draft it
+    verifies too, rounded up to a whole bucket (1, 2, 4, 8, then multiples of 16), so that every verify step has
+    a bucket to replay in (at batch 1 and k = 4, five rows: the bucket of 8)."""
+    seqs, spec = config.max_num_seqs, config.speculative_config
+    if not spec:
+        return seqs
+    rows = seqs * (1 + spec["num_speculative_tokens"])
+    rows = next((b for b in (1, 2, 4, 8) if b >= rows), -(-rows // 16) * 16)
+    return min(max(config.max_num_batched_tokens, seqs), rows)
+
+
 def rows_step_inputs(rows: list[tuple[list[int], int, list[int], bool]], block_size: int) -> StepInputs:
     """A step of rows (token_ids, start, block_table, samples), as a draft model runs them (chapter 13): each runs its
     tokens at positions start.. over the keys and values before them in its blocks, and a row that samples gives
@@ -57,11 +69,8 @@ class InputBuffers:
     """The step's input tensors at their largest (a step's tokens, its sequences, a sequence's blocks)."""
 
     def __init__(self, config: Config, block_size: int, device: torch.device):
-        seqs = config.max_num_seqs
-        tokens = max(config.max_num_batched_tokens, seqs)  # a decode step has one token per sequence
-        # a decode step's rows: one per sequence, and one per draft token it verifies (chapter 13)
-        spec = config.speculative_config
-        rows = self.decode_rows = min(tokens, seqs * (1 + spec["num_speculative_tokens"])) if spec else seqs
+        tokens = max(config.max_num_batched_tokens, config.max_num_seqs)  # a decode step has one token per sequence
+        rows = self.decode_rows = decode_rows(config)
         buf = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=device)
         self.input_ids, self.positions, self.slot_mapping = buf(tokens), buf(tokens), buf(tokens)
         self.context_lens, self.logits_indices = buf(rows), buf(rows)

@@ -14,7 +14,7 @@ import torch
 
 from minillm.config import Config
 from minillm.engine.graphs import CompiledDecodeSteps, CUDADecodeGraphs
-from minillm.engine.input_batch import InputBuffers, StepInputs, rows_step_inputs
+from minillm.engine.input_batch import InputBuffers, StepInputs, decode_rows, rows_step_inputs
 from minillm.engine.kv_budget import kv_cache_budget
 from minillm.engine.kv_cache import (
     allocate_int8_kv_cache,
@@ -113,7 +113,7 @@ class ModelRunner:
         if config.enforce_eager is None and not self.platform.replays_decode:
             return "the CPU default: compiling costs seconds per batch-size bucket; enforce_eager=False turns it on"
         if self.device.type == "cuda" and self.platform.attention_backend.name == "torch":
-            c, rows = self.model.config, min(self.buffers.decode_rows, 512)
+            c, rows = self.model.config, min(decode_rows(config), 512)
             kv_heads = max(1, c.num_key_value_heads // (self.group.size if self.group else 1))
             width = -(-config.max_model_len // self.block_size) * self.block_size
             gathered = 2 * rows * width * kv_heads * c.head_dim * self.dtype.itemsize

@@ -131,6 +131,25 @@ def test_a_server_that_fails_to_start_is_reported_with_the_end_of_its_log(monkey
     assert not servers_alive()
 
 
+def test_a_server_that_dies_in_use_is_reported_with_the_end_of_its_log(monkeypatch):
+    # answers one /health, then exits: the next request finds no one listening
+    once = (
+        "import http.server, sys\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self): self.send_response(200); self.end_headers()\n"
+        "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).handle_request(); print('served once')"
+    )
+    monkeypatch.setattr(
+        servers, "command", lambda server, model, ckpt, engine, port, *a: [sys.executable, "-c", once, str(port)]
+    )
+    with pytest.raises(
+        RuntimeError, match=r"(?s)minillm's server on .* exited with status 0 .*its log ends:\n.*served once"
+    ):
+        with servers.launch("minillm", None, default_model_path(), {}, 256, 1, None) as server:
+            servers.httpx.get(server["base_url"] + "/v1/models")
+    assert not servers_alive()
+
+
 @pytest.fixture
 def served(tmp_path):
     path = tmp_path / "model"

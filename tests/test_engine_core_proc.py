@@ -3,6 +3,7 @@
 or socket left; killing the front end takes the core with it; a 10 MB body sent while others stream is refused
 without slowing their tokens."""
 
+import asyncio
 import json
 import os
 import re
@@ -164,3 +165,21 @@ def test_a_10_mb_body_is_refused_without_delaying_running_streams(serve):
         median = statistics.median(gap for gap, _, _ in gaps)
         during = [gap for gap, a, b in gaps if b >= start and a <= end + 0.5]  # and half a second after
         assert during and max(during) <= 2 * median, (max(during), median)
+
+
+def test_front_ends_one_after_another_on_one_event_loop_each_serve():
+    # a closed front end takes its socket off the event loop before the fd closes: the next one's socket may get
+    # the same fd number, and before this it waited forever for outputs the loop never reported
+    from minillm import SamplingParams
+    from minillm.engine.async_llm import AsyncLLM
+
+    async def first_text() -> str:
+        async with AsyncLLM.from_engine_args(num_kvcache_blocks=16) as async_llm:
+            stream = await async_llm.add_request("Once upon a time", SamplingParams(temperature=0, max_tokens=4))
+            return "".join([out.text async for out in stream])
+
+    async def three() -> list[str]:
+        return [await asyncio.wait_for(first_text(), 60) for _ in range(3)]
+
+    texts = asyncio.run(three())
+    assert len(set(texts)) == 1 and texts[0]

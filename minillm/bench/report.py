@@ -137,23 +137,19 @@ def write_json(record: dict, path: Path) -> None:
 
 
 def figure(width: float, height: float = 4, ncols: int = 1):
-    """A matplotlib figure with ncols axes, drawn off-screen (Agg): the bench runs without a display."""
-    import matplotlib
+    """A matplotlib figure with ncols axes, made without pyplot: the bench runs without a display, and a notebook
+    that calls it keeps its own backend."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt.subplots(1, ncols, figsize=(width, height), squeeze=False)
+    fig = Figure(figsize=(width, height))
+    return fig, fig.subplots(1, ncols, squeeze=False)
 
 
 def save(fig, title: str, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def plot(results: dict, speedup: dict, title: str, path: Path) -> None:

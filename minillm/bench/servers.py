@@ -129,5 +129,10 @@ def launch(
             seconds = wait_healthy(process, base_url, log)
             print(f"{server}: healthy after {seconds:.0f} s", flush=True)
             yield dict(base_url=base_url, command=argv, startup_seconds=seconds)
+        except httpx.TransportError as e:  # a request could not reach it: say whether it is still there, and why
+            state = "is running" if process.poll() is None else f"exited with status {process.returncode}"
+            raise RuntimeError(
+                f"{server}'s server on {base_url} {state} ({e}); its log ends:\n{vllm_peer.tail(log)}"
+            ) from e
         finally:
             stop(process)

@@ -56,6 +56,7 @@ class MPClient:
         output.bind(addresses[1])
         accepted = self.input.get_monitor_socket(zmq.EVENT_ACCEPTED)  # tells when the core has connected to input
         self.encoder, self.decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(EngineCoreOutputs)
+        self.output: zmq.asyncio.Socket | None = None  # `output` for the event loop, once the core is ready
         self.proc = subprocess.Popen([sys.executable, "-c", CORE], stdin=subprocess.PIPE)
         self.proc.stdin.write(pickle.dumps((config, path, eos_token_ids, *addresses, os.getpid())))
         self.proc.stdin.close()
@@ -114,6 +115,8 @@ class MPClient:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        if self.output is not None:  # off the event loop before its fd closes: a later socket may get the same number
+            self.output.close(linger=0)
         self.context.destroy(linger=0)
         self.error = self.error or "the engine core was shut down"
         shutil.rmtree(self.ipc_dir, ignore_errors=True)

@@ -31,6 +31,7 @@ class SamplingParams:
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    skip_special_tokens: bool = True  # leave special tokens (EOS, chat markers) out of the text
 
     def __post_init__(self):
         t = self.temperature
@@ -49,6 +50,8 @@ class SamplingParams:
             raise ValueError(
                 f"seed must be an integer in [{_LONG_INFO.min}, {_LONG_INFO.max}] (an int64) or None, got {self.seed!r}"
             )
+        if not isinstance(self.skip_special_tokens, bool):
+            raise ValueError(f"skip_special_tokens must be True or False, got {self.skip_special_tokens!r}")
         self._check_stop_token_ids()
 
     def _check_stop_token_ids(self):

@@ -130,8 +130,9 @@ class Tokenizer:
 class IncrementalDetokenizer:
     """Feeds one sequence's tokens through detokenize_incrementally and accumulates the text."""
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int] = ()):
-        self.tokenizer, self.ids = tokenizer, list(prompt_ids)
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int] = (), skip_special_tokens: bool = True):
+        self.tokenizer = tokenizer if skip_special_tokens else WithSpecialTokens(tokenizer)
+        self.ids = list(prompt_ids)
         # Start the window a few tokens before the end of the prompt, so the first new token has context.
         self.read_offset = len(self.ids)
         self.prefix_offset = max(self.read_offset - 5, 0)
@@ -145,6 +146,16 @@ class IncrementalDetokenizer:
         )
         self.text += delta
         return delta
+
+
+class WithSpecialTokens:
+    """A tokenizer whose decode keeps the special tokens' text (SamplingParams(skip_special_tokens=False))."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
 
 @lru_cache(maxsize=16)

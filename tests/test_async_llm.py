@@ -184,7 +184,7 @@ class Recorder:
     def __init__(self):
         self.scheduler, self.iterations = [], []
 
-    def record(self, scheduler_stats, iteration_stats):
+    def record(self, scheduler_stats, iteration_stats, engine_idx=0):
         self.scheduler.append(scheduler_stats)
         self.iterations.append(iteration_stats)
 

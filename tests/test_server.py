@@ -127,6 +127,35 @@ def test_greedy_completion_and_chat_equal_llm_generate_and_chat(client, referenc
     assert prompt.startswith("user: Tell me about a fox.") and prompt.endswith("assistant:")  # the template
 
 
+# what vllm-router (chapter 15) adds to every request it forwards: vLLM's and SGLang's fields at their defaults
+ROUTER_FIELDS = {"no_stop_trim": False, "skip_special_tokens": True}
+ROUTER_COMPLETION_FIELDS = ROUTER_FIELDS | {"echo": False, "return_hidden_states": False}
+ROUTER_CHAT_FIELDS = ROUTER_FIELDS | {"logprobs": False, "continue_final_message": False, "separate_reasoning": True}
+
+
+def test_a_routers_fields_change_nothing_and_echo_and_special_tokens_are_vllms(server, reference, llm):
+    ref, chat_ref = reference
+    body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0}
+    assert post(server, C, body | ROUTER_COMPLETION_FIELDS).json()["choices"][0]["text"] == ref.text
+    chat = post(server, CHAT, {"messages": MESSAGES, "max_tokens": 24, "temperature": 0} | ROUTER_CHAT_FIELDS)
+    assert chat.json()["choices"][0]["message"]["content"] == chat_ref.text
+
+    # echo: the prompt's text first, whole or streamed (a prompt of token ids: their text)
+    assert post(server, C, body | {"echo": True}).json()["choices"][0]["text"] == PROMPT + ref.text
+    events = post(server, C, body | {"echo": True, "stream": True}).text.split("\n\n")
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events if e.startswith("data: {")]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == PROMPT + ref.text
+    ids = post(server, C, body | {"prompt": ref.prompt_token_ids, "echo": True}).json()["choices"][0]["text"]
+    assert ids == llm.tokenizer.decode(ref.prompt_token_ids) + ref.text
+
+    # skip_special_tokens false: the EOS that ends a story, and the prompt's BOS, appear in the text
+    long = body | {"max_tokens": 300}
+    kept = post(server, C, long | {"skip_special_tokens": False, "echo": True, "prompt": ref.prompt_token_ids})
+    text, skipped = kept.json()["choices"][0]["text"], post(server, C, long).json()["choices"][0]["text"]
+    assert text.startswith(llm.tokenizer.bos_token) and text.endswith(llm.tokenizer.eos_token)
+    assert llm.tokenizer.eos_token not in skipped and skipped in text
+
+
 def test_streamed_pieces_concatenate_to_the_same_text_with_usage_last(client, reference):
     ref, chat_ref = reference
     chunks = list(
@@ -216,6 +245,11 @@ GT_EQ = "Input should be greater than or equal to"
         (C, {"prompt": PROMPT, "stop_token_ids": [2] * 1025}, "stop_token_ids", "at most 1024 items"),
         (C, {"prompt": PROMPT, "stream_options": {"include_usage": "yes"}}, "stream_options", "valid boolean"),
         (C, {"prompt": PROMPT, "logit_bias": {"1": 5}}, "logit_bias", "Extra inputs are not"),
+        (C, {"prompt": PROMPT, "no_stop_trim": True}, "no_stop_trim", "stop string out of the text"),
+        (C, {"prompt": PROMPT, "return_hidden_states": True}, "return_hidden_states", "no hidden states"),
+        (C, {"prompt": PROMPT, "skip_special_tokens": "no"}, "skip_special_tokens", "valid boolean"),
+        (CHAT, {"messages": MESSAGES, "logprobs": True}, "logprobs", "logprobs must be false"),
+        (CHAT, {"messages": MESSAGES, "continue_final_message": True}, "continue_final_message", "new assistant"),
         (C, {"max_tokens": 8}, "prompt", "Field required"),
         (CHAT, {"messages": []}, "messages", "messages: List should have at least 1 item"),
         (CHAT, {"messages": [{"role": "user", "content": TOO_MANY_CHARS}]}, "messages", "5633 characters"),
@@ -507,6 +541,9 @@ def test_serve_takes_vllms_engine_flags():
     args = parse_args(["--max-num-seqs", "8", "--max-model-len", "256", "--kv-cache-memory-bytes", "1048576"])
     compiled = dict(enforce_eager=False, cudagraph_capture_sizes=[1])  # the batch-1 step compiled, by default
     assert engine_options(args) == dict(max_num_seqs=8, max_model_len=256, kvcache_memory_bytes=1048576) | compiled
+    args = parse_args(["--block-size", "32", "--long-prefill-token-threshold", "64", "--scheduling-policy", "priority"])
+    tuning = dict(kvcache_block_size=32, long_prefill_token_threshold=64, scheduling_policy="priority")
+    assert engine_options(args) == tuning | compiled
     assert engine_options(parse_args([])) == compiled and engine_options(parse_args(["--enforce-eager"])) == {}
 
 

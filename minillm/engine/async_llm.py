@@ -37,12 +37,15 @@ class AsyncLLM:
         self.setup(ThreadedCoreClient(engine.engine_core), engine.processor, max_queue, stat_loggers)
 
     @classmethod
-    def from_engine_args(cls, model=None, max_queue: int = 256, stat_loggers=(), **kwargs) -> "AsyncLLM":
+    def from_engine_args(
+        cls, model=None, max_queue: int = 256, stat_loggers=(), data_parallel_size: int = 1, **kwargs
+    ) -> "AsyncLLM":
         """The engine core in a process of its own (LLM(model, **kwargs)'s settings); this process keeps only the
-        tokenizer. Raises what LLM(...) would for a bad model or setting."""
+        tokenizer. data_parallel_size > 1: that many cores, each new request sent to the least loaded (chapter
+        15). Raises what LLM(...) would for a bad model or setting."""
         from minillm.engine.core_proc import start_front_end
 
-        processor, client = start_front_end(model, **kwargs)
+        processor, client = start_front_end(model, data_parallel_size, **kwargs)
         self = cls.__new__(cls)
         self.setup(client, processor, max_queue, stat_loggers)
         return self
@@ -185,7 +188,7 @@ class AsyncLLM:
             else:
                 state.collector.put(delta)
         for logger in self.stat_loggers:
-            logger.record(outputs.scheduler_stats, stats)
+            logger.record(outputs.scheduler_stats, stats, outputs.engine_index)
 
     def finish(self, state: RequestState, item: DeltaOutput | BaseException) -> None:
         self.requests.pop(state.request_id, None)

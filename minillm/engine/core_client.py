@@ -23,6 +23,8 @@ class ThreadedCoreClient:
     """An in-process EngineCore stepped by a thread: it takes commands between steps (add, abort, a function to
     run on the core) and hands each step's outputs to the event loop that started it."""
 
+    num_engines = 1
+
     def __init__(self, engine_core: EngineCore):
         self.engine_core = engine_core
         self.commands: queue.SimpleQueue = queue.SimpleQueue()

@@ -31,22 +31,39 @@ STARTUP_TIMEOUT = 600  # seconds for the core to load its model (a first torch.c
 IDLE_POLL_MS = 500  # an idle core checks its parent this often
 
 
-def start_front_end(model=None, **kwargs):
-    """A Processor (with the tokenizer) in this process and an MPClient whose core process holds the model."""
+def start_front_end(model=None, data_parallel_size: int = 1, **kwargs):
+    """A Processor (with the tokenizer) in this process and a client whose core process holds the model: an
+    MPClient, or with data_parallel_size > 1 a DPLBAsyncMPClient over that many cores (the CPU's cores split
+    between them)."""
+    from minillm.engine.dp_client import DPLBAsyncMPClient
     from minillm.engine.llm_engine import engine_config, eos_token_ids
     from minillm.engine.processor import Processor
+    from minillm.platforms import cpu_threads_per_rank
     from minillm.tokenizer import Tokenizer
 
+    if not (isinstance(data_parallel_size, int) and data_parallel_size >= 1):
+        raise ValueError(f"data_parallel_size must be an integer >= 1 (engine cores), got {data_parallel_size!r}")
     config, path, model_config = engine_config(model, **kwargs)
     tokenizer = None if config.skip_tokenizer_init else Tokenizer(path)
     processor = Processor(config, path, model_config, tokenizer)
-    client = MPClient(config, path, eos_token_ids(path, model_config, tokenizer))
+    eos = eos_token_ids(path, model_config, tokenizer)
+    if data_parallel_size == 1:
+        client = MPClient(config, path, eos)
+    else:
+        threads = cpu_threads_per_rank(data_parallel_size) if config.device == "cpu" else None
+        client = DPLBAsyncMPClient(config, path, eos, data_parallel_size, threads)
     processor.num_kvcache_blocks = client.num_kvcache_blocks
     return processor, client
 
 
 class MPClient:
-    def __init__(self, config, path, eos_token_ids: list[int]):
+    num_engines = 1
+
+    def __init__(self, config, path, eos_token_ids: list[int], threads: int | None = None, wait: bool = True):
+        """threads: torch's threads in the core's process (None: torch's default, every core of the CPU). wait False:
+        return once the process is started, and call wait_ready() (from any thread) before using the client. Start
+        it from a thread that lives as long as the core: Linux kills the core when the thread that started it ends
+        (PR_SET_PDEATHSIG follows the parent thread)."""
         self.error: str | None = None  # why the core is gone, once it is
         self.ipc_dir = tempfile.mkdtemp(prefix="minillm-")
         addresses = (f"ipc://{self.ipc_dir}/input", f"ipc://{self.ipc_dir}/output")
@@ -57,9 +74,17 @@ class MPClient:
         accepted = self.input.get_monitor_socket(zmq.EVENT_ACCEPTED)  # tells when the core has connected to input
         self.encoder, self.decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(EngineCoreOutputs)
         self.output: zmq.asyncio.Socket | None = None  # `output` for the event loop, once the core is ready
+        self.starting = output, accepted
+        self.dead: asyncio.Future | None = None
         self.proc = subprocess.Popen([sys.executable, "-c", CORE], stdin=subprocess.PIPE)
-        self.proc.stdin.write(pickle.dumps((config, path, eos_token_ids, *addresses, os.getpid())))
+        self.proc.stdin.write(pickle.dumps((config, path, eos_token_ids, *addresses, os.getpid(), threads)))
         self.proc.stdin.close()
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Wait until the core has built itself; raise its error (after stopping it) if it could not."""
+        output, accepted = self.starting
         try:
             self.num_kvcache_blocks = wait_ready(self.proc, output)
         except BaseException:
@@ -72,7 +97,6 @@ class MPClient:
         self.input.disable_monitor()
         accepted.close(linger=0)
         self.output = zmq.asyncio.Socket.from_socket(output)  # awaited by the front end's output handler
-        self.dead: asyncio.Future | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Watch the core's process for `loop`: its exit wakes get_output at once."""
@@ -143,11 +167,17 @@ def main() -> None:
     run_engine_core(*pickle.load(sys.stdin.buffer))
 
 
-def run_engine_core(config, path, eos_token_ids, input_address: str, output_address: str, parent_pid: int) -> None:
+def run_engine_core(
+    config, path, eos_token_ids, input_address: str, output_address: str, parent_pid: int, threads: int | None
+) -> None:
     """Build the EngineCore, then serve the front end until it says stop or goes away."""
+    import torch
+
     from minillm.engine.core import EngineCore
 
     die_with_parent(parent_pid)
+    if threads:
+        torch.set_num_threads(threads)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the front end's to handle: it stops the core
     context = zmq.Context()
     input_socket, output_socket = context.socket(zmq.PULL), context.socket(zmq.PUSH)

@@ -170,7 +170,7 @@ class LLMEngine:
         index = {seq.seq_id: i for i, seq in enumerate(seqs)}
         sent = dict.fromkeys(index, 0)  # completion tokens yielded, per request
         detoks = {
-            seq.seq_id: IncrementalDetokenizer(self.tokenizer, seq.token_ids)
+            seq.seq_id: IncrementalDetokenizer(self.tokenizer, seq.token_ids, seq.sampling_params.skip_special_tokens)
             for seq in seqs
             if self.tokenizer is not None
         }
@@ -200,12 +200,12 @@ class LLMEngine:
         finally:
             for seq in seqs:
                 self.abort_request(seq)
-        decode = self.tokenizer.decode if self.tokenizer is not None else lambda ids: ""
+        decode = self.tokenizer.decode if self.tokenizer is not None else lambda ids, skip: ""
         return [
             RequestOutput(
                 seq.token_ids[: seq.num_prompt_tokens],
                 seq.completion_token_ids,
-                decode(seq.completion_token_ids),
+                decode(seq.completion_token_ids, seq.sampling_params.skip_special_tokens),
                 seq.finish_reason,
                 seq.num_prompt_cached_tokens,
                 seq.arrival_time,

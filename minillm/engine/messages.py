@@ -34,8 +34,10 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
-    """One step's outputs, a request each, with the scheduler's statistics after it and the tokens it computed."""
+    """One step's outputs, a request each, with the scheduler's statistics after it and the tokens it computed;
+    engine_index: which of a data-parallel front end's cores ran it (chapter 15)."""
 
     outputs: list[EngineCoreOutput] = []
     scheduler_stats: SchedulerStats | None = None
     num_scheduled_tokens: int = 0
+    engine_index: int = 0

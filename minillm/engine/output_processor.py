@@ -66,7 +66,8 @@ class RequestState:
         self.request_id, self.stop = request.request_id, stop
         self.prompt_token_ids = request.prompt_token_ids
         self.hold = max(map(len, stop), default=1) - 1
-        self.detokenizer = IncrementalDetokenizer(tokenizer, request.prompt_token_ids) if tokenizer else None
+        skip = request.sampling_params.skip_special_tokens
+        self.detokenizer = IncrementalDetokenizer(tokenizer, request.prompt_token_ids, skip) if tokenizer else None
         self.collector = OutputCollector()
         self.num_sent_chars = 0
         self.waiting = True  # counted in AsyncLLM's queue until its first token (or its end)

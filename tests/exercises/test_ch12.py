@@ -50,7 +50,7 @@ def frame(impl, stream, with_token_ids=False, include_usage=True, take=None):
 
     async def run():
         events = []
-        gen = impl.sse_events(stream, partial(completion_chunk, "cmpl-1", "m"), with_token_ids, include_usage)
+        gen = impl.sse_events(stream, partial(completion_chunk, "cmpl-1", "m", ""), with_token_ids, include_usage)
         async for event in gen:
             events.append(event)
             if len(events) == take:

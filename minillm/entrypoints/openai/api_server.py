@@ -67,6 +67,8 @@ ENGINE_FLAGS = {
     "max_num_seqs": "max_num_seqs",
     "max_num_batched_tokens": "max_num_batched_tokens",
     "kv_cache_memory_bytes": "kvcache_memory_bytes",
+    "long_prefill_token_threshold": "long_prefill_token_threshold",
+    "block_size": "kvcache_block_size",
 }
 # an event of a streamed answer, as OpenAPI 3.2's itemSchema describes one (FastAPI's own streams use it too)
 SSE_EVENT = {
@@ -89,7 +91,7 @@ def build_app(
     processor, tokenizer = async_llm.processor, async_llm.tokenizer
     if tokenizer is None:
         raise ValueError("the server needs the model's tokenizer (the engine has skip_tokenizer_init=True)")
-    metrics = PrometheusStatLogger(model_name)
+    metrics = PrometheusStatLogger(model_name, async_llm.client.num_engines)
     async_llm.stat_loggers.append(metrics)
     defaults = processor.default_sampling_params()
     max_model_len = async_llm.config.max_model_len
@@ -171,12 +173,13 @@ def build_app(
         if isinstance(request.prompt, str):
             check_prompt_length(len(request.prompt), max_prompt_chars, max_model_len, "prompt")
         stream = await add_request(async_llm, request.prompt, params, stop_strings(request), "prompt")
+        echo = echoed(request, stream.prompt_token_ids)
         if request.stream:
-            return streaming_response(stream, partial(completion_chunk, random_id("cmpl"), model_name), request)
+            return streaming_response(stream, partial(completion_chunk, random_id("cmpl"), model_name, echo), request)
         text, token_ids, finish_reason = await collect(stream)
         response = CompletionResponse(
             model=model_name,
-            choices=[CompletionChoice(text=text, finish_reason=finish_reason, token_ids=token_ids)],
+            choices=[CompletionChoice(text=echo + text, finish_reason=finish_reason, token_ids=token_ids)],
             usage=usage(stream, len(token_ids)),
             prompt_token_ids=stream.prompt_token_ids,
         )
@@ -201,15 +204,24 @@ def build_app(
         )
         return Response(to_json(response, request.return_token_ids), media_type="application/json")
 
+    def echoed(request: CompletionRequest, prompt_token_ids: list[int]) -> str:
+        """With echo (vLLM's), the prompt's text, which the completion's follows; else ""."""
+        if not request.echo:
+            return ""
+        if isinstance(request.prompt, str):
+            return request.prompt
+        return tokenizer.decode(prompt_token_ids, skip_special_tokens=request.skip_special_tokens)
+
     return app
 
 
-def completion_chunk(response_id: str, model_name: str, out, usage_info, first: bool) -> CompletionResponse:
-    """One event of a streamed completion: the output's new text, or (out None) the usage."""
+def completion_chunk(response_id: str, model_name: str, echo: str, out, usage_info, first: bool) -> CompletionResponse:
+    """One event of a streamed completion: the output's new text (the first after the echoed prompt, if any), or
+    (out None) the usage."""
     choices = (
         []
         if out is None
-        else [CompletionChoice(text=out.text, finish_reason=out.finish_reason, token_ids=out.token_ids)]
+        else [CompletionChoice(text=echo * first + out.text, finish_reason=out.finish_reason, token_ids=out.token_ids)]
     )
     return CompletionResponse(id=response_id, model=model_name, choices=choices, usage=usage_info)
 
@@ -243,10 +255,21 @@ def parse_args(argv):
     parser.add_argument(
         "--max-queue", type=int, default=256, help="requests waiting for their first token beyond which one gets 429"
     )
+    parser.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N engine cores (processes, each with the whole model and its own KV cache), each new request sent to "
+        "the least loaded; a core that dies is restarted (chapter 15; default 1)",
+    )
     engine = parser.add_argument_group("engine settings (vLLM's flags; default: minillm's Config)")
     for flag in ENGINE_FLAGS:
         engine.add_argument(f"--{flag.replace('_', '-')}", type=int, metavar="N")
     engine.add_argument("--enforce-eager", action="store_true", help=ENFORCE_EAGER_HELP)
+    engine.add_argument(
+        "--scheduling-policy", choices=["fcfs", "priority"], help="the waiting queue's order (default fcfs)"
+    )
     engine.add_argument(
         "--no-mixed-steps",
         dest="mixed_steps",
@@ -294,6 +317,7 @@ def engine_options(args) -> dict:
     """LLM(...) keywords from the engine flags given."""
     given = {ours: getattr(args, flag) for flag, ours in ENGINE_FLAGS.items() if getattr(args, flag) is not None}
     given |= {} if args.speculative_config is None else {"speculative_config": args.speculative_config}
+    given |= {} if args.scheduling_policy is None else {"scheduling_policy": args.scheduling_policy}
     given |= {} if args.enforce_eager else COMPILED_BATCH_1
     return given | ({} if args.mixed_steps else {"mixed_steps": False})
 
@@ -301,7 +325,9 @@ def engine_options(args) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:  # the engine core in a process of its own, this one the front end
-        async_llm = AsyncLLM.from_engine_args(args.model, max_queue=args.max_queue, **engine_options(args))
+        async_llm = AsyncLLM.from_engine_args(
+            args.model, max_queue=args.max_queue, data_parallel_size=args.data_parallel_size, **engine_options(args)
+        )
     except KeyboardInterrupt:  # Ctrl-C while the model loads
         return 130
     except (FileNotFoundError, ValueError, RuntimeError) as e:  # no such checkpoint, one minillm cannot run

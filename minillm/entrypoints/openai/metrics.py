@@ -1,5 +1,7 @@
 """The engine's statistics as Prometheus metrics under vLLM's names, so that vLLM's dashboards read minillm too."""
 
+from types import SimpleNamespace
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from minillm.metrics.stats import IterationStats, SchedulerStats
@@ -15,13 +17,43 @@ REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
 
 class PrometheusStatLogger:
     """An AsyncLLM stat logger (vLLM's name) writing into a registry of its own, not prometheus_client's global
-    one, so that several servers in one process (tests, a notebook) keep apart. Counters get the _total suffix."""
+    one, so that several servers in one process (tests, a notebook) keep apart. Counters get the _total suffix.
+    Every series is labelled with the engine core it counts (engine="0", "1", ... with --data-parallel-size), as
+    vLLM labels them: sum over `engine` for the whole server."""
 
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, num_engines: int = 1):
         self.registry = CollectorRegistry()
+        families = MetricFamilies(self.registry)
+        self.engines = [families.labels(model_name, str(i)) for i in range(num_engines)]
 
+    def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats, engine_idx: int = 0) -> None:
+        """Set and add to the series of engine core `engine_idx`."""
+        m = self.engines[engine_idx]
+        m.num_requests_running.set(scheduler_stats.num_running_reqs)
+        m.num_requests_waiting.set(scheduler_stats.num_waiting_reqs)
+        m.kv_cache_usage.set(scheduler_stats.kv_cache_usage)
+        m.prompt_tokens.inc(iteration_stats.num_prompt_tokens)
+        m.generation_tokens.inc(iteration_stats.num_generation_tokens)
+        m.num_preemptions.inc(scheduler_stats.num_preempted_reqs)
+        m.prefix_cache_queries.inc(iteration_stats.prefix_cache_queries)
+        m.prefix_cache_hits.inc(iteration_stats.prefix_cache_hits)
+        for counter, value in zip(m.spec_decode, scheduler_stats.spec_decode):
+            counter.inc(value)
+        for histogram, values in (
+            (m.time_to_first_token, iteration_stats.time_to_first_tokens_iter),
+            (m.inter_token_latency, iteration_stats.inter_token_latencies_iter),
+            (m.e2e_request_latency, iteration_stats.e2e_latencies),
+        ):
+            for value in values:
+                histogram.observe(value)
+
+
+class MetricFamilies:
+    """vLLM's metrics, each a family of series labelled by model and engine; `labels` gives one engine's series."""
+
+    def __init__(self, registry: CollectorRegistry):
         def metric(kind, name, documentation, **kwargs):
-            return kind(name, documentation, ["model_name"], registry=self.registry, **kwargs).labels(model_name)
+            return kind(name, documentation, ["model_name", "engine"], registry=registry, **kwargs)
 
         self.num_requests_running = metric(Gauge, "vllm:num_requests_running", "Requests in the running batch.")
         self.num_requests_waiting = metric(Gauge, "vllm:num_requests_waiting", "Requests waiting to be scheduled.")
@@ -57,21 +89,9 @@ class PrometheusStatLogger:
             buckets=REQUEST_LATENCY_BUCKETS,
         )
 
-    def record(self, scheduler_stats: SchedulerStats, iteration_stats: IterationStats) -> None:
-        self.num_requests_running.set(scheduler_stats.num_running_reqs)
-        self.num_requests_waiting.set(scheduler_stats.num_waiting_reqs)
-        self.kv_cache_usage.set(scheduler_stats.kv_cache_usage)
-        self.prompt_tokens.inc(iteration_stats.num_prompt_tokens)
-        self.generation_tokens.inc(iteration_stats.num_generation_tokens)
-        self.num_preemptions.inc(scheduler_stats.num_preempted_reqs)
-        self.prefix_cache_queries.inc(iteration_stats.prefix_cache_queries)
-        self.prefix_cache_hits.inc(iteration_stats.prefix_cache_hits)
-        for counter, value in zip(self.spec_decode, scheduler_stats.spec_decode):
-            counter.inc(value)
-        for histogram, values in (
-            (self.time_to_first_token, iteration_stats.time_to_first_tokens_iter),
-            (self.inter_token_latency, iteration_stats.inter_token_latencies_iter),
-            (self.e2e_request_latency, iteration_stats.e2e_latencies),
-        ):
-            for value in values:
-                histogram.observe(value)
+    def labels(self, *values: str) -> SimpleNamespace:
+        """Each metric's series with these label values, by the metric's attribute name."""
+        return SimpleNamespace(**{
+            name: [m.labels(*values) for m in family] if isinstance(family, list) else family.labels(*values)
+            for name, family in vars(self).items()
+        })  # fmt: skip

@@ -4,15 +4,18 @@ A request with a field this API does not know, a value of the wrong JSON type ("
 number) or out of its bounds, is refused (400) naming the field, rather than served as if the field were absent or
 coerced. The bounds are Field constraints, so /openapi.json publishes exactly what the server accepts: seed an
 int64 (vLLM's bound), top_k >= -1, top_p in (0, 1], temperature >= 0, max_tokens >= 1, a non-empty prompt, and a
-length for every list. `top_k`, `ignore_eos`, `stop_token_ids` and `return_token_ids` are vLLM's extra sampling
-fields (the openai client sends them through `extra_body`)."""
+length for every list. `top_k`, `ignore_eos`, `stop_token_ids`, `return_token_ids`, `skip_special_tokens` and
+`echo` are vLLM's extra sampling fields (the openai client sends them through `extra_body`). A load balancer in
+front (vllm-router, chapter 15) adds fields of vLLM's and SGLang's at their defaults: those minillm does not
+implement are accepted at the value that changes nothing (`Off`), and refused at any other naming the field."""
 
 import time
 from typing import Annotated, Literal
 from uuid import uuid4
 
 import torch
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic_core import PydanticCustomError
 
 from minillm.sampling_params import MAX_STOP_TOKEN_IDS
 
@@ -43,6 +46,19 @@ Int64 = Annotated[
         {"type": "integer", "format": "int64", "minimum": _LONG_INFO.min, "exclusiveMaximum": _LONG_INFO.max + 1}
     ),
 ]
+
+
+def off(why: str):
+    """The type of a field minillm accepts only as false (what a router sends): true is refused with `why`."""
+
+    def check(value: bool) -> bool:
+        if value:
+            raise PydanticCustomError("unsupported", why)
+        return value
+
+    return Annotated[bool, AfterValidator(check), WithJsonSchema({"type": "boolean", "const": False})]
+
+
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 TokenId = integer(ge=0)
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
@@ -91,12 +107,16 @@ class SamplingFields(OpenAIRequestModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     return_token_ids: bool = False  # vLLM: the prompt's and the completion's token ids in the response
+    skip_special_tokens: bool = Field(True, description="leave special tokens (EOS, chat markers) out of the text")
+    no_stop_trim: off("minillm always leaves the stop string out of the text: no_stop_trim must be false") = False
     user: str | None = None  # an end-user id: accepted, not used
 
 
 class CompletionRequest(SamplingFields):
     prompt: NonEmptyStr | Annotated[list[TokenId], Field(min_length=1, max_length=MAX_TOKEN_IDS)]
     max_tokens: integer(ge=1) | None = None
+    echo: bool = Field(False, description="the prompt's text before the completion's")
+    return_hidden_states: off("minillm returns no hidden states: return_hidden_states must be false") = False
 
 
 class ChatContentPart(OpenAIRequestModel):
@@ -123,6 +143,9 @@ class ChatCompletionRequest(SamplingFields):
     messages: Messages
     max_tokens: integer(ge=1) | None = None
     max_completion_tokens: integer(ge=1) | None = Field(None, description="the newer name of max_tokens; wins over it")
+    logprobs: off("minillm does not return log-probabilities yet: logprobs must be false") | None = None
+    continue_final_message: off("minillm starts a new assistant turn: continue_final_message must be false") = False
+    separate_reasoning: bool = Field(True, description="SGLang's: no reasoning parser runs, nothing is separated")
 
 
 class UsageInfo(OpenAIBaseModel):

@@ -27,7 +27,7 @@ ERRORS = {
     500: ("InternalServerError", "the engine failed on this request (the server serves on)"),
     503: ("ServiceUnavailableError", "the engine is not serving"),
 }
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop_token_ids", "ignore_eos")
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop_token_ids", "ignore_eos", "skip_special_tokens")
 NO_TOKEN_IDS = {"prompt_token_ids": True, "choices": {"__all__": {"token_ids"}}}
 
 

@@ -128,9 +128,10 @@ def test_greedy_completion_and_chat_equal_llm_generate_and_chat(client, referenc
 
 
 # what vllm-router (chapter 15) adds to every request it forwards: vLLM's and SGLang's fields at their defaults
-ROUTER_FIELDS = {"no_stop_trim": False, "skip_special_tokens": True}
-ROUTER_COMPLETION_FIELDS = ROUTER_FIELDS | {"echo": False, "return_hidden_states": False}
-ROUTER_CHAT_FIELDS = ROUTER_FIELDS | {"logprobs": False, "continue_final_message": False, "separate_reasoning": True}
+ROUTER_FIELDS = {"no_stop_trim": False, "ignore_eos": False, "skip_special_tokens": True, "return_hidden_states": False}
+ROUTER_COMPLETION_FIELDS = ROUTER_FIELDS | {"echo": False}
+ROUTER_CHAT_FIELDS = ROUTER_FIELDS | {"logprobs": False, "continue_final_message": False, "separate_reasoning": True,
+                                     "stream_reasoning": True, "include_reasoning": True}  # fmt: skip
 
 
 def test_a_routers_fields_change_nothing_and_echo_and_special_tokens_are_vllms(server, reference, llm):

@@ -109,6 +109,7 @@ class SamplingFields(OpenAIRequestModel):
     return_token_ids: bool = False  # vLLM: the prompt's and the completion's token ids in the response
     skip_special_tokens: bool = Field(True, description="leave special tokens (EOS, chat markers) out of the text")
     no_stop_trim: off("minillm always leaves the stop string out of the text: no_stop_trim must be false") = False
+    return_hidden_states: off("minillm returns no hidden states: return_hidden_states must be false") = False
     user: str | None = None  # an end-user id: accepted, not used
 
 
@@ -116,7 +117,6 @@ class CompletionRequest(SamplingFields):
     prompt: NonEmptyStr | Annotated[list[TokenId], Field(min_length=1, max_length=MAX_TOKEN_IDS)]
     max_tokens: integer(ge=1) | None = None
     echo: bool = Field(False, description="the prompt's text before the completion's")
-    return_hidden_states: off("minillm returns no hidden states: return_hidden_states must be false") = False
 
 
 class ChatContentPart(OpenAIRequestModel):
@@ -145,7 +145,10 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: integer(ge=1) | None = Field(None, description="the newer name of max_tokens; wins over it")
     logprobs: off("minillm does not return log-probabilities yet: logprobs must be false") | None = None
     continue_final_message: off("minillm starts a new assistant turn: continue_final_message must be false") = False
-    separate_reasoning: bool = Field(True, description="SGLang's: no reasoning parser runs, nothing is separated")
+    # SGLang's reasoning fields: minillm runs no reasoning parser, so there is nothing to separate, stream or include
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
+    include_reasoning: bool = True
 
 
 class UsageInfo(OpenAIBaseModel):

@@ -1,7 +1,8 @@
 """Replicas behind vllm-router (`python -m minillm.replicas`): two independent minillm servers behind vLLM's load
 balancer answer the official openai client with the tokens one engine gives; kill -9 of one replica during 100
-non-streamed requests loses none of them (the router retries what the dead replica failed on the other), the dead
-replica is restarted and taken back; every process and port is gone after."""
+non-streamed requests loses none of them (the router retries what the dead replica failed on the other), streams it
+was answering end with an error (never a quiet, short answer), the dead replica is restarted and taken back; every
+process and port is gone after."""
 
 import socket
 import time
@@ -68,13 +69,30 @@ def test_a_replica_killed_under_load_loses_no_request_and_is_taken_back():
             body = {"prompt": f"{PROMPTS[i % 6]} {i}", "max_tokens": 48, "temperature": 0, "ignore_eos": True}
             return httpx.post(replicas.url + "/v1/completions", json=body, timeout=120).status_code
 
-        with ThreadPoolExecutor(16) as pool:
+        def stream(events: list) -> None:
+            body = {"prompt": PROMPTS[0], "max_tokens": 400, "ignore_eos": True, "stream": True}
+            try:
+                with httpx.stream("POST", replicas.url + "/v1/completions", json=body, timeout=120) as response:
+                    events.extend(line for line in response.iter_lines() if line)
+            except httpx.RemoteProtocolError as e:  # the replica died mid-answer: the router cuts the stream
+                events.append(e)
+
+        streams = [[] for _ in range(4)]  # round robin: two on each replica
+        with ThreadPoolExecutor(20) as pool:
+            for events in streams:
+                pool.submit(stream, events)
+                time.sleep(0.1)
+            while min(map(len, streams)) < 2:  # every stream has its first tokens
+                time.sleep(0.05)
             futures = [pool.submit(complete, i) for i in range(100)]
             time.sleep(1.5)  # requests in flight on both replicas
             replicas.kill(1)
             killed = time.monotonic()
             statuses = [f.result() for f in futures]
         assert statuses == [200] * 100, "the router retried what the dead replica failed on the other"
+        ends = [events[-1] for events in streams]
+        cut = [end for end in ends if isinstance(end, httpx.RemoteProtocolError)]
+        assert len(cut) == 2 and ends.count("data: [DONE]") == 2, ends  # mid-answer: an error, never a quiet end
         deadline = time.monotonic() + 180
         while not replicas.restarts:
             assert time.monotonic() < deadline, "the dead replica was not restarted"

@@ -60,9 +60,13 @@ CONFIGS = {
 }
 
 
-def make_checkpoint(name: str, path, seed: int = 0):
-    """Write checkpoint `name` into `path` and return the transformers model that wrote it."""
+def make_checkpoint(name: str, path, seed: int = 0, num_hidden_layers: int | None = None):
+    """Write checkpoint `name` (with num_hidden_layers layers instead of its own, if given) into `path` and return
+    the transformers model that wrote it."""
     cls, config = CONFIGS[name]
+    if num_hidden_layers is not None:  # the per-layer lists (layer_types) are rebuilt for the new depth
+        settings = {k: v for k, v in config.to_dict().items() if k != "layer_types"}
+        config = type(config).from_dict(settings | {"num_hidden_layers": num_hidden_layers})
     torch.manual_seed(seed)
     model = cls(config).eval()
     with torch.no_grad():  # biases start at zero; give them values so a dropped bias is caught

@@ -545,6 +545,8 @@ def test_serve_takes_vllms_engine_flags():
     args = parse_args(["--block-size", "32", "--long-prefill-token-threshold", "64", "--scheduling-policy", "priority"])
     tuning = dict(kvcache_block_size=32, long_prefill_token_threshold=64, scheduling_policy="priority")
     assert engine_options(args) == tuning | compiled
+    args = parse_args(["--tensor-parallel-size", "2", "--pipeline-parallel-size", "2"])
+    assert engine_options(args) == dict(tensor_parallel_size=2, pipeline_parallel_size=2)  # eager: ranks can't compile
     assert engine_options(parse_args([])) == compiled and engine_options(parse_args(["--enforce-eager"])) == {}
 
 

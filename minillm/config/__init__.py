@@ -109,6 +109,9 @@ class Config:
     # chapter 10: split every layer across this many processes (ranks), one per device (or CPU core); rank 0 is
     # the engine's own process, the others minillm.engine.worker processes (or torchrun's)
     tensor_parallel_size: int = 1
+    # chapter 15, vLLM's name: split the layers into this many stages, one after the other, each on its own ranks
+    # (tensor_parallel_size of them); up to this many batches are in flight at once, one per stage
+    pipeline_parallel_size: int = 1
     # chapter 13, vLLM's name: SpeculativeConfig's fields in a dict: {"method": "ngram", "num_speculative_tokens": 4}
     speculative_config: dict | None = None
     # chapter 14, vLLM's name: "int8" (each weight matrix quantized at load, int8 with a scale per output row) or
@@ -126,6 +129,7 @@ class Config:
             "kvcache_block_size",
             "kvcache_memory_bytes",
             "tensor_parallel_size",
+            "pipeline_parallel_size",
         ):
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
@@ -164,6 +168,16 @@ class Config:
             raise ValueError(
                 f"quantization={self.quantization!r} runs on one rank only: set tensor_parallel_size=1, or drop "
                 "quantization to split the float weights across ranks"
+            )
+        if self.quantization and self.pipeline_parallel_size > 1:
+            raise ValueError(
+                f"quantization={self.quantization!r} runs on one rank only: set pipeline_parallel_size=1, or drop "
+                "quantization to split the float model into stages"
+            )
+        if self.speculative_config is not None and self.pipeline_parallel_size > 1:
+            raise ValueError(
+                "speculative decoding is not supported with pipeline_parallel_size > 1 (the engine's batch queue "
+                "does not carry drafts): drop speculative_config, or use pipeline_parallel_size=1"
             )
         if self.linear_kernel is None:
             self.linear_kernel = os.environ.get("MINILLM_LINEAR_KERNEL") or "auto"

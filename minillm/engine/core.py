@@ -1,18 +1,20 @@
 """EngineCore (vLLM V1's vllm/v1/engine/core.py): the scheduler, the model executor (a ModelRunner, with its
-tensor-parallel workers) and the KV cache manager (a BlockManager). It takes requests as token ids with their
-sampling parameters, runs steps, and returns each step's new token ids. Nothing in it tokenizes, detokenizes or
+tensor- and pipeline-parallel workers) and the KV cache manager (a BlockManager). It takes requests as token ids
+with their sampling parameters, runs steps, and returns each step's new token ids. Nothing in it tokenizes, detokenizes or
 matches strings: the front end does that, on its side of the client boundary (core_client.py), so that the core can
 run in a process of its own and never waits for that work.
 
 A step that raises is rolled back (its requests are recomputed). A failure of one request's own making must not fail
 the others: after a step of several requests fails while it runs, each of them is run alone, once, to its next token;
 one that fails alone fails (finish_reason "error"), the others go on. What no request causes (an interrupt, a failure
-to schedule, unwritten code) is raised to the caller.
+to schedule, unwritten code) is raised to the caller. Under pipeline parallelism (chapter 15) the core keeps several
+batches in flight (`step_with_batch_queue`), and a failed step closes it: its stages cannot be brought back in step.
 """
 
 import time
 import weakref
 from collections import deque
+from itertools import count
 from pathlib import Path
 
 from msgspec.structs import replace
@@ -21,33 +23,42 @@ from minillm.config import Config, ModelConfig
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from minillm.engine.model_runner import ModelRunner
+from minillm.engine.pipeline import collect, submit
 from minillm.engine.scheduler import Scheduler
+from minillm.engine.scheduler_output import SchedulerOutput
 from minillm.engine.sequence import Sequence, SequenceStatus
-from minillm.engine.worker import describe_failed, join_tensor_parallel, stop_workers
+from minillm.engine.worker import describe_failed, join_workers, num_ranks, stop_workers
 from minillm.metrics.stats import SchedulerStats
 from minillm.spec_decode.metrics import SpecDecodingStats
-from minillm.utils.parallel import check_tensor_parallel
+from minillm.utils.parallel import check_tensor_parallel, deferred_interrupt
+from minillm.utils.pipeline import check_pipeline_parallel
 
 
 class EngineCore:
-    workers = ()  # tensor-parallel worker processes (none for one process)
+    workers = ()  # tensor- and pipeline-parallel worker processes (none for one process)
     closed: str | None = None  # why the core was closed, once it is
     _stop_workers = None  # the finalizer that stops the workers
+    batch_queue: deque | None = None  # pipeline parallelism: the batches in flight, oldest first (else None)
 
     def __init__(self, config: Config, path: Path, eos_token_ids: list[int]):
         """config: resolved by the front end (max_model_len, dtype); path: the checkpoint directory."""
         self.config, model_config = config, ModelConfig.from_pretrained(path)
-        group = None
+        group = pipe = None
         if config.tensor_parallel_size > 1:  # checked before any process starts
             check_tensor_parallel(model_config, config.tensor_parallel_size, config.device, config.enforce_eager)
-            group, self.workers = join_tensor_parallel(config, path)
+        if config.pipeline_parallel_size > 1:
+            check_pipeline_parallel(model_config, config)
+        if num_ranks(config) > 1:
+            group, pipe, self.workers = join_workers(config, path)
         try:
-            self.model_runner = ModelRunner(config, path, group)
+            self.model_runner = ModelRunner(config, path, group, pp=pipe)
         except BaseException:
-            stop_workers(group, self.workers)
+            stop_workers(group, pipe, self.workers)
             raise
         # the workers stop when the core is closed, garbage-collected, or the interpreter exits
-        self._stop_workers = weakref.finalize(self, stop_workers, group, self.workers) if group else None
+        self._stop_workers = weakref.finalize(self, stop_workers, group, pipe, self.workers) if group or pipe else None
+        if pipe:  # up to max_concurrent_batches (vLLM's name) in flight: one per stage (1: one at a time, the bubble)
+            self.batch_queue, self.max_concurrent_batches, self.batch_ids = deque(), pipe.size, count()
         num_blocks = self.model_runner.num_kvcache_blocks
         self.block_manager = BlockManager(num_blocks, config.kvcache_block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, eos_token_ids)
@@ -79,12 +90,14 @@ class EngineCore:
     def step(self) -> EngineCoreOutputs:
         """Run one step (or, after a failed step, one of its requests alone): each request's new tokens, and the
         scheduler's statistics after it. Raises, after rolling back, what no single request caused: an interrupt,
-        a lost tensor-parallel worker."""
+        a lost worker."""
         if self.closed:
             raise RuntimeError(f"this engine is closed ({self.closed}): create a new LLM")
         preemptions, spec = self.scheduler.num_preemptions, self.spec_stats.counts()
         ran = self.run_alone(self.suspects.popleft()) if self.suspects else None
-        outputs, num_tokens = ran if ran is not None else self.run_step(self.scheduler)
+        if ran is None:
+            ran = self.run_step(self.scheduler) if self.batch_queue is None else self.step_with_batch_queue()
+        outputs, num_tokens = ran
         spec = tuple(b - a for a, b in zip(spec, self.spec_stats.counts()))
         return EngineCoreOutputs(outputs, self.stats(self.scheduler.num_preemptions - preemptions, spec), num_tokens)
 
@@ -122,6 +135,54 @@ class EngineCore:
         now = time.perf_counter()
         outputs = [self.output(seq, seq.token_ids[n:], now) for seq, n in zip(seqs, lengths) if seq in updated]
         return outputs, output.total_num_scheduled_tokens
+
+    def step_with_batch_queue(self) -> tuple[list[EngineCoreOutput], int]:
+        """Pipeline parallelism (vLLM V1's step_with_batch_queue): while fewer than max_concurrent_batches are in
+        flight, plan a batch of the requests not in flight (`batch_share` of them) and submit it without waiting for
+        it; otherwise, or when there is nothing to plan, wait for the oldest batch and record its tokens (those of a
+        request aborted meanwhile are dropped). So stage 0 runs batch k + 1 while stage 1 runs batch k, instead of
+        each stage waiting for the one batch in turn. Ctrl-C waits until the step ends, which keeps the stages in
+        step; a failure closes the engine."""
+        queue, scheduler, stages = self.batch_queue, self.scheduler, self.config.pipeline_parallel_size
+        if not 1 <= self.max_concurrent_batches <= stages:  # more: a stage could wait on a send that waits on it
+            raise ValueError(
+                f"max_concurrent_batches={self.max_concurrent_batches}: set it from 1 (one batch at a time) to the "
+                f"pipeline's {stages} stages"
+            )
+        with deferred_interrupt():
+            try:
+                if len(queue) < self.max_concurrent_batches:
+                    output = scheduler.schedule(self.batch_share())
+                    if output.scheduled:
+                        scheduler.in_flight.update(output.scheduled)
+                        queue.append((output, submit(self.model_runner, output, next(self.batch_ids))))
+                        return [], output.total_num_scheduled_tokens
+                assert queue, "the scheduler planned an empty step although requests are unfinished"
+                output, step = queue.popleft()
+                ran = collect(self.model_runner, step)
+                scheduler.in_flight.difference_update(output.scheduled)
+                tokens = dict(zip(output.scheduled, ran.sampled_token_ids))
+                kept = lambda seqs: [seq for seq in seqs if not seq.is_finished]  # not aborted meanwhile
+                done = SchedulerOutput(kept(output.scheduled_new_reqs), kept(output.scheduled_cached_reqs))
+                lengths = [len(seq) for seq in done.scheduled]
+                updated = set(scheduler.update_from_output(done, [tokens[seq] for seq in done.scheduled]))
+            except BaseException as e:  # the batches in flight are lost with the stages' step: back to waiting
+                queue.clear()
+                scheduler.in_flight.clear()
+                scheduler.rollback(list(scheduler.running))
+                self.stop_if_lost(e)  # raises: a pipeline cannot go on after a failed step
+        now = time.perf_counter()
+        outputs = [
+            self.output(seq, seq.token_ids[n:], now) for seq, n in zip(done.scheduled, lengths) if seq in updated
+        ]
+        return outputs, 0
+
+    def batch_share(self) -> int:
+        """How many requests the next batch may take, so that the batches in flight share them: those that can run
+        (running and not in flight, or waiting) over the places left in the batch queue, rounded up."""
+        s = self.scheduler
+        ready = sum(seq not in s.in_flight for seq in s.running) + len(s.waiting)
+        return max(1, -(-ready // (self.max_concurrent_batches - len(self.batch_queue))))
 
     def run_alone(self, seq: Sequence) -> tuple[list[EngineCoreOutput], int] | None:
         """Run a request of a failed step by itself until it gets a token (a prompt may take several chunks), with
@@ -166,13 +227,21 @@ class EngineCore:
         return EngineCoreOutput(seq.request_id, new_token_ids, seq.finish_reason, cached)
 
     def stop_if_lost(self, error: BaseException) -> None:
-        """After a failed step: if a tensor-parallel worker died, or a CUDA step failed half-way (its ranks stuck
-        in a collective), the core cannot go on: close it and raise."""
-        if failed := describe_failed(self.workers):
-            self.close(f"tensor-parallel worker {failed}")
+        """After a failed step: if a worker died, a pipeline-parallel step failed (its stages out of step, batches
+        lost in flight), or a CUDA step failed half-way (its ranks stuck in a collective), the core cannot go on:
+        close it and raise."""
+        config = self.config
+        if failed := describe_failed(self.workers, config.tensor_parallel_size, config.pipeline_parallel_size):
+            self.close(f"worker {failed}")
             raise RuntimeError(
-                f"tensor-parallel worker {failed} during a step; the engine has stopped its other workers and "
-                "cannot continue: create a new LLM"
+                f"worker {failed} during a step; the engine has stopped its other workers and cannot continue: "
+                "create a new LLM"
+            ) from error
+        if self.model_runner.pp:
+            self.close("a pipeline-parallel step failed")
+            raise RuntimeError(
+                f"a pipeline-parallel step failed ({type(error).__name__}: {error}); its stages cannot be brought back "
+                "in step, so the engine has stopped its workers and cannot continue: create a new LLM"
             ) from error
         if self.workers and not self.model_runner.group.renewable:
             self.close("a tensor-parallel step failed on CUDA")
@@ -183,7 +252,7 @@ class EngineCore:
             ) from error
 
     def close(self, reason: str = "close() was called") -> None:
-        """Stop the tensor-parallel workers (if any); the core runs no more steps."""
+        """Stop the workers (if any); the core runs no more steps."""
         self.closed = self.closed or reason
         if self._stop_workers:
             self._stop_workers()

@@ -9,6 +9,7 @@ from minillm.engine.kv_cache import kv_cache_bytes_per_token
 from minillm.layers.sampler import SamplingMetadata
 from minillm.sampling_params import SamplingParams
 from minillm.utils.context import reset_context, set_context
+from minillm.utils.pipeline import IntermediateTensors
 
 
 def kv_cache_budget(runner, config: Config) -> int:
@@ -48,6 +49,8 @@ def warmup(runner, config: Config) -> None:
     max_model_len), then the logits and a top-k/top-p sample (a sort of [rows, vocab]) of max_num_seqs rows."""
     max_len = min(config.max_model_len, config.max_num_batched_tokens)
     hidden = dummy_forward(runner, max(1, min(config.max_num_batched_tokens // max_len, config.max_num_seqs)), max_len)
+    if isinstance(hidden, IntermediateTensors):  # a pipeline stage before the last: no logits
+        return
     logits = runner.model.compute_logits(hidden[torch.arange(config.max_num_seqs, device=runner.device) % len(hidden)])
     if logits is not None:  # rank 0 samples
         params = [SamplingParams(temperature=1.0, top_k=50, top_p=0.9)] * config.max_num_seqs
@@ -56,11 +59,16 @@ def warmup(runner, config: Config) -> None:
 
 @torch.inference_mode()
 def dummy_forward(runner, num_seqs: int, seq_len: int) -> torch.Tensor:
-    """The forward pass of num_seqs prompts of seq_len tokens that store nothing (every slot -1)."""
+    """The forward pass of num_seqs prompts of seq_len tokens that store nothing (every slot -1); a later pipeline
+    stage's starts from zero hidden states."""
     n, cu = num_seqs * seq_len, list(range(0, num_seqs * seq_len + 1, seq_len))
     ctx = runner.load(StepInputs(True, [0] * n, list(range(seq_len)) * num_seqs, [-1] * n, None, cu, cu, []))
+    intermediate = None
+    if not runner.model.model.is_first_stage:
+        zeros = torch.zeros(n, runner.model.config.hidden_size, dtype=runner.dtype, device=runner.device)
+        intermediate = IntermediateTensors(zeros, zeros.clone())
     set_context(ctx)
     try:
-        return runner.model(ctx.input_ids, ctx.positions)
+        return runner.model(ctx.input_ids, ctx.positions, intermediate)
     finally:
         reset_context()

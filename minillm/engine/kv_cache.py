@@ -6,6 +6,7 @@ import torch
 
 from minillm.config import ModelConfig
 from minillm.layers.attention import Attention
+from minillm.layers.rms_norm import RMSNorm
 
 
 def kv_cache_bytes_per_token(config: ModelConfig, dtype: torch.dtype = torch.float32) -> int:
@@ -38,10 +39,16 @@ def kv_cache_int8_bytes_per_token(config: ModelConfig) -> int:
     return kv_cache_bytes_per_token(config, torch.int8) + scales
 
 
+def norm_weight(model: torch.nn.Module) -> torch.Tensor:
+    """A float weight in the model's dtype on its device (a quantized linear weight is int8): its first RMSNorm's,
+    which every pipeline stage has."""
+    return next(m.weight for m in model.modules() if isinstance(m, RMSNorm))
+
+
 def allocate_kv_cache(model: torch.nn.Module, num_blocks: int, block_size: int) -> torch.Tensor:
     """Allocate [2, layers, num_blocks, block_size, kv_heads, head_dim] and point each Attention layer at its slice."""
     layers = [m for m in model.modules() if isinstance(m, Attention)]
-    a, w = layers[0], model.model.norm.weight  # a float weight in the model's dtype (a quantized one is int8)
+    a, w = layers[0], norm_weight(model)
     cache = torch.zeros(
         2, len(layers), num_blocks, block_size, a.num_kv_heads, a.head_dim, dtype=w.dtype, device=w.device
     )
@@ -58,7 +65,7 @@ def allocate_int8_kv_cache(
     scales [2, layers, num_blocks, block_size, kv_heads], one per token and KV head; each Attention layer gets its
     slice of both (k_cache, v_cache, k_scale, v_scale). Returns (cache, scales)."""
     layers = [m for m in model.modules() if isinstance(m, Attention)]
-    a, device = layers[0], model.model.norm.weight.device
+    a, device = layers[0], norm_weight(model).device
     shape = (2, len(layers), num_blocks, block_size, a.num_kv_heads)
     cache = torch.zeros(*shape, a.head_dim, dtype=torch.int8, device=device)
     scales = torch.zeros(shape, dtype=torch.float32, device=device)

@@ -130,7 +130,7 @@ class LLMEngine:
         return not self.engine_core.has_unfinished_requests()
 
     def close(self, reason: str = "close() was called") -> None:
-        """Stop the tensor-parallel workers (if any); the engine runs no more steps. Also on `with LLM(...)` exit."""
+        """Stop the parallel workers (if any); the engine runs no more steps. Also on `with LLM(...)` exit."""
         self.engine_core.close(reason)
 
     def __enter__(self):

@@ -7,7 +7,8 @@ tokens. What the device offers (kernels, attention backend, threads, defaults) i
 tensor parallelism (chapter 10) every rank has a ModelRunner with its shard of the model: rank 0 prepares each
 step and broadcasts its StepInputs, every rank loads and runs them, rank 0 samples. With speculative decoding
 (chapter 13) rank 0 also owns the proposer (`drafter`, as in vLLM V1) and calls it right after sampling: the drafts
-come back with the step's tokens, for the scheduler to verify in the next step.
+come back with the step's tokens, for the scheduler to verify in the next step. Under pipeline parallelism (chapter
+15) each rank's runner holds one stage's layers (see minillm.engine.pipeline).
 """
 
 import torch
@@ -22,6 +23,7 @@ from minillm.engine.kv_cache import (
     kv_cache_bytes_per_token,
     kv_cache_int8_bytes_per_token,
 )
+from minillm.engine.pipeline import stage_loop
 from minillm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from minillm.engine.sequence import Sequence
 from minillm.layers.attention.paged_attention import slot_mapping_for
@@ -33,23 +35,34 @@ from minillm.spec_decode import DraftInput, make_proposer
 from minillm.utils.compile import compiled_layers
 from minillm.utils.context import Context, reset_context, set_context
 from minillm.utils.parallel import TensorParallelGroup, cpu_threads, tensor_parallel
+from minillm.utils.pipeline import IntermediateTensors, PipelineGroup, StageRecord, pipeline_parallel
 
 TORCH_GRAPH_GATHER_BYTES = 2**30  # the most the torch backend's decode attention may copy out per layer in a graph
 
 
 class ModelRunner:
-    def __init__(self, config: Config, model_path, group: TensorParallelGroup | None = None, kv_cache: bool = True):
-        """kv_cache=False: no KV cache yet (a draft model's runner: the target sizes both caches and gives it as many
-        blocks as its own, `initialize_kv_cache`)."""
-        self.config, self.group = config, group  # group None: one process holds the whole model
+    # pipeline parallelism, rank 0: set to [] to record every stage's forward passes (StageRecords) into it
+    timeline: list[StageRecord] | None = None
+
+    def __init__(
+        self,
+        config: Config,
+        model_path,
+        group: TensorParallelGroup | None = None,
+        kv_cache: bool = True,
+        pp: PipelineGroup | None = None,
+    ):
+        """group: this rank's stage's tensor-parallel group; pp: its pipeline group (None: one process holds the
+        whole model). kv_cache=False: no KV cache yet (a draft model's runner: the target sizes both caches and gives
+        it as many blocks as its own, `initialize_kv_cache`)."""
+        self.config, self.group, self.pp = config, group, pp
         self.dtype = getattr(torch, config.dtype)
-        self.platform = select_platform(
-            config, self.dtype, group.size if group else 1, group.local_rank if group else 0
-        )
+        ranks = (group.size if group else 1) * (pp.size if pp else 1)
+        self.platform = select_platform(config, self.dtype, ranks, (group or pp).local_rank if ranks > 1 else 0)
         self.device = self.platform.device
-        if group and self.device.type == "cuda":  # one device per rank
+        if ranks > 1 and self.device.type == "cuda":  # one device per rank
             torch.cuda.set_device(self.device)
-        with tensor_parallel(group):
+        with tensor_parallel(group), pipeline_parallel(pp):
             self.model = build_model(model_path, self.dtype, self.device, self.platform.linear_method)
         self.attn_layers = self.platform.prepare_model(self.model)  # kernels, weight layout, attention backend
         self.block_size = config.kvcache_block_size
@@ -62,14 +75,15 @@ class ModelRunner:
         self.drafter = None  # speculative decoding's proposer (chapter 13), on the rank that samples
         if not kv_cache:
             return
-        if not (group and group.rank):  # a draft model is loaded before the KV budget is measured
+        if not (group and group.rank or pp and pp.rank):  # rank 0; a draft model is loaded before the KV budget
             load = lambda draft, path: ModelRunner(draft, path, kv_cache=False)
             self.drafter = make_proposer(config, self.model.config.vocab_size, load)
         draft = getattr(self.drafter, "runner", None)
         bytes_per_block = self.kv_cache_bytes_per_block + (draft.kv_cache_bytes_per_block if draft else 0)
         num_blocks = config.num_kvcache_blocks or kv_cache_budget(self, config) // bytes_per_block
-        if group:  # every rank must hold the same blocks: the fewest any rank has room for
-            num_blocks = group.min(num_blocks)
+        for g in (group, pp):  # every rank must hold the same blocks: the fewest any rank has room for
+            if g:
+                num_blocks = g.min(num_blocks)
         if num_blocks < 1:
             raise ValueError(
                 f"no memory is left for the KV cache (one block needs {bytes_per_block} bytes): "
@@ -81,11 +95,14 @@ class ModelRunner:
 
     @property
     def kv_cache_bytes_per_block(self) -> int:
-        """Bytes of this runner's share of one KV block (each tensor-parallel rank caches its share of the heads)."""
+        """Bytes of this runner's share of one KV block: each tensor-parallel rank caches its share of the heads,
+        each pipeline stage its own layers (so the same memory holds more blocks)."""
+        c = self.model.config
         if self.kv_cache_dtype == "int8":
-            per_token = kv_cache_int8_bytes_per_token(self.model.config)
+            per_token = kv_cache_int8_bytes_per_token(c)
         else:
-            per_token = kv_cache_bytes_per_token(self.model.config, self.dtype)
+            per_token = kv_cache_bytes_per_token(c, self.dtype)
+        per_token = per_token // c.num_hidden_layers * len(self.attn_layers)
         return per_token * self.block_size // (self.group.size if self.group else 1)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
@@ -110,6 +127,8 @@ class ModelRunner:
         layer that is refused (an error if graphs were asked for, eager steps by default)."""
         if config.enforce_eager:
             return "enforce_eager=True"
+        if self.pp:  # check_pipeline_parallel refuses enforce_eager=False
+            return "pipeline parallelism: a stage's step starts from the hidden states the stage before sent"
         if config.enforce_eager is None and not self.platform.replays_decode:
             return "the CPU default: compiling costs seconds per batch-size bucket; enforce_eager=False turns it on"
         if self.device.type == "cuda" and self.platform.attention_backend.name == "torch":
@@ -208,45 +227,66 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def run_model(self, ctx: Context, replay: bool = False) -> torch.Tensor:
+    def run_model(
+        self, ctx: Context, replay: bool = False, intermediate: IntermediateTensors | None = None
+    ) -> torch.Tensor | IntermediateTensors:
         """The forward pass of a loaded step: logits of the rows that sample (in a prefill, the last new token of
         each sequence that reaches its end; in a decode, every row). With `replay`, a decode step loaded at its
-        bucket's rows runs in that bucket's compiled step or CUDA graph (self.graphs), else op by op."""
+        bucket's rows runs in that bucket's compiled step or CUDA graph (self.graphs), else op by op. A pipeline
+        stage before the last returns its IntermediateTensors; a later one starts from the stage before's."""
         with compiled_layers(self.compile_layers):
-            hidden = self.graphs(ctx) if replay else self.model(ctx.input_ids, ctx.positions)
+            hidden = self.graphs(ctx) if replay else self.model(ctx.input_ids, ctx.positions, intermediate)
+            if isinstance(hidden, IntermediateTensors):
+                return hidden
             if ctx.is_prefill:
                 hidden = hidden[ctx.logits_indices]
             return self.model.compute_logits(hidden)
 
-    def execute(self, inputs: StepInputs) -> torch.Tensor | None:
-        """Load a step's inputs and run the forward pass: the logits of its sampled rows (None on ranks > 0)."""
+    def execute(
+        self, inputs: StepInputs, intermediate: IntermediateTensors | None = None
+    ) -> torch.Tensor | IntermediateTensors | None:
+        """Load a step's inputs and run the forward pass: the logits of its sampled rows (None on the tensor-parallel
+        ranks > 0; a pipeline stage's IntermediateTensors before the last stage)."""
         bucket = None if inputs.is_prefill or self.graphs is None else self.graphs.bucket_for(len(inputs.input_ids))
         ctx = self.load(inputs, bucket)
         set_context(ctx)
         try:
-            return self.run_model(ctx, replay=bucket is not None)
+            if intermediate is None:
+                return self.run_model(ctx, replay=bucket is not None)
+            return self.run_model(ctx, intermediate=intermediate)  # a later pipeline stage: eager
         finally:
             reset_context()
 
     def run(self, output: SchedulerOutput) -> ModelRunnerOutput:
         """One step; for each of output.scheduled, the tokens it produced: [] for a prompt chunk that did not reach
         the end, else its kept drafts (chapter 13) and one token; and, with speculative decoding, the drafts its
-        next step is to verify. Decoding sequences run first, ordered by length (similar contexts side by side, see
-        CPUAttentionBackend), then the prompt chunks in the order scheduled."""
-        seqs = output.scheduled
-        batch = sorted((seq for seq in seqs if seq.decodes_this_step), key=len)
-        batch += [seq for seq in seqs if not seq.decodes_this_step]
+        next step is to verify."""
+        sampled, inputs = self.prepare(output)
+        return self.sample(output.scheduled, sampled, self.forward(inputs))
+
+    def prepare(self, output: SchedulerOutput) -> tuple[list[Sequence], StepInputs]:
+        """A step's StepInputs, its sequences laid out as decoding ones first, ordered by length (similar contexts
+        side by side, see CPUAttentionBackend), then the prompt chunks in the order scheduled; and, in that order,
+        those that sample (a logits row each)."""
+        batch = sorted((seq for seq in output.scheduled if seq.decodes_this_step), key=len)
+        batch += [seq for seq in output.scheduled if not seq.decodes_this_step]
         inputs = (self.prepare_prefill if output.is_prefill else self.prepare_decode)(batch)
+        return [seq for seq in batch if seq.samples_this_step], inputs
+
+    def forward(self, inputs: StepInputs) -> torch.Tensor | IntermediateTensors:
+        """Rank 0: hand a step to the other ranks of its stage and run it (see `execute`)."""
         if self.group:
             self.group.send_step(inputs)  # the other ranks run the same step on their shards
         try:
             with cpu_threads(self.platform.threads):  # ranks sharing a CPU split its cores
-                logits = self.execute(inputs)
+                return self.execute(inputs)
         except BaseException as e:
             if self.group:  # the other ranks may wait in a collective this rank will never join
                 self.group.abandon_step(e)
             raise
-        sampled = [seq for seq in batch if seq.samples_this_step]
+
+    def sample(self, seqs: list[Sequence], sampled: list[Sequence], logits: torch.Tensor | None) -> ModelRunnerOutput:
+        """The tokens of a step that ran over `seqs`, from the logits of the rows of `sampled`."""
         with compiled_layers(self.compile_layers):
             if any(seq.spec_token_ids for seq in sampled):  # verify drafts
                 md = self.prepare_sample(sampled, rows_per_draft=True)
@@ -278,7 +318,10 @@ class ModelRunner:
         return self.execute(rows_step_inputs(rows, self.block_size))
 
     def loop(self) -> None:
-        """Ranks 1..N-1: run every step rank 0 sends until it sends the end (see TensorParallelGroup)."""
+        """Ranks 1..N-1: run every step rank 0 sends until it sends the end (see TensorParallelGroup); under
+        pipeline parallelism, minillm.engine.pipeline's `stage_loop`."""
+        if self.pp:
+            return stage_loop(self)
         while (inputs := self.group.receive_step()) is not None:
             try:
                 self.execute(inputs)

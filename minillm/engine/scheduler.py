@@ -3,10 +3,13 @@ after it (`update_from_output()`), as vLLM V1's. Every running request has work 
 full cache preempts the request last in queue order), then its drafts (chapter 13), or the next chunk of its
 prompt. Waiting requests are admitted in what is left of the token budget while there is a seat and the cache
 keeps room for everyone's growth; an admitted request holds blocks, so it is running, even part-way through its
-prompt. A step that fails is rolled back: its requests wait to be recomputed."""
+prompt. A step that fails is rolled back: its requests wait to be recomputed. Under pipeline parallelism (chapter 15)
+several batches are in flight at once; a plan leaves out the requests of those (`in_flight`), whose tokens are not
+back yet."""
 
 from bisect import insort
 from collections import deque
+from contextlib import contextmanager
 
 from minillm.config import Config
 from minillm.engine.block_manager import BlockManager
@@ -26,6 +29,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()  # in queue order (queue_key); none of them holds blocks
         self.running: deque[Sequence] = deque()  # admitted: holding blocks, decoding or part-way through a prompt
         self.num_preemptions = 0  # how many times a running sequence was sent back to be recomputed
+        self.in_flight: set[Sequence] = set()  # running requests of the batches in flight (pipeline parallelism)
+        self.held: list[Sequence] = []  # while a plan is made: the running requests it leaves out (`held_back`)
 
     def is_finished(self) -> bool:
         return not self.waiting and not self.running
@@ -37,11 +42,38 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         insort(self.waiting, seq, key=self.queue_key)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, max_seqs: int | None = None) -> SchedulerOutput:
         """The next step's plan, never empty while a request is unfinished: the running requests' work (their next
         tokens, their drafts, the next chunks of their prompts), then waiting requests in what is left of the token
         budget. As in vLLM, a step that had to preempt admits no one (the victim would be readmitted at once),
-        unless it would otherwise be empty."""
+        unless it would otherwise be empty. Under pipeline parallelism the plan leaves out the requests in flight
+        (it may then be empty) and takes at most `max_seqs` requests, leaving the others to the next batches."""
+        if not self.in_flight and max_seqs is None:
+            return self.plan()
+        with self.held_back(max_seqs):
+            return self.plan()
+
+    @contextmanager
+    def held_back(self, max_seqs: int | None):
+        """Plan over part of `running`: the requests in flight and, past the first max_seqs of the others, the rest
+        are held back: neither scheduled nor preempted, but in their seats and in `can_admit`'s reckoning. The plan's
+        seats are what max_num_seqs leaves, at most max_seqs. Afterwards `running` is whole again, in its order,
+        with the requests the plan admitted at the end."""
+        running, seats = list(self.running), self.max_num_seqs
+        free = [seq for seq in running if seq not in self.in_flight]
+        limit = len(free) if max_seqs is None else max_seqs
+        self.held = [seq for seq in running if seq in self.in_flight] + free[limit:]
+        self.running, self.max_num_seqs = deque(free[:limit]), min(seats - len(self.held), max_seqs or seats)
+        try:
+            yield
+        finally:
+            planned = list(self.running)  # less the preempted, plus the admitted
+            kept = set(planned) | set(self.held)
+            self.running = deque(dict.fromkeys([seq for seq in running if seq in kept] + planned))
+            self.held, self.max_num_seqs = [], seats
+
+    def plan(self) -> SchedulerOutput:
+        """`schedule`'s plan over the running requests in `running` (see held_back)."""
         if self.policy == "priority":
             self.preempt_for_priority()
         preemptions, budget, decodes, chunks, new = self.num_preemptions, self.max_num_batched_tokens, [], [], []
@@ -81,7 +113,8 @@ class Scheduler:
         not force a preemption (a recomputation from scratch) some steps later."""
         bm, ratio = self.block_manager, self.new_token_ratio
         growth = sum(
-            max(0, bm.num_blocks(len(s) + int(ratio * s.remaining_tokens)) - len(s.block_table)) for s in self.running
+            max(0, bm.num_blocks(len(s) + int(ratio * s.remaining_tokens)) - len(s.block_table))
+            for s in (*self.running, *self.held)
         )
         return bm.num_free_blocks >= bm.num_blocks(len(seq) + int(ratio * seq.remaining_tokens)) + growth
 

@@ -1,7 +1,11 @@
 """The Qwen3 decoder; Qwen2 and Llama are the same network with a few switches (see minillm.config).
 
-Tokens arrive flat: input_ids and positions are 1-D, hidden states are [tokens, hidden_size].
+Tokens arrive flat: input_ids and positions are 1-D, hidden states are [tokens, hidden_size]. Under pipeline
+parallelism (chapter 15) a rank builds one stage: its own layers, the embedding on the first stage, the final norm
+and the LM head on the last (see minillm.utils.pipeline).
 """
+
+from itertools import islice
 
 import torch
 from torch import nn
@@ -14,6 +18,7 @@ from minillm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear,
 from minillm.layers.rms_norm import RMSNorm
 from minillm.layers.rotary import RotaryEmbedding
 from minillm.utils.parallel import divide, get_tp_size
+from minillm.utils.pipeline import IntermediateTensors, PPMissingLayer, get_pp_rank, get_pp_size, make_layers
 
 
 class Qwen3Attention(nn.Module):
@@ -84,16 +89,28 @@ class Qwen3DecoderLayer(nn.Module):
 class Qwen3Model(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         c = config
+        self.is_first_stage, self.is_last_stage = get_pp_rank() == 0, get_pp_rank() == get_pp_size() - 1
+        # a tied LM head is the embedding table: the last stage holds it too (unused for lookups)
+        has_table = self.is_first_stage or (c.tie_word_embeddings and self.is_last_stage)
+        self.embed_tokens = VocabParallelEmbedding(c.vocab_size, c.hidden_size) if has_table else PPMissingLayer()
         rotary_emb = RotaryEmbedding(c.head_dim, c.max_position_embeddings, c.rope_theta, c.rope_scaling)
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(c, rotary_emb) for _ in range(c.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.start_layer, self.end_layer, self.layers = make_layers(
+            c.num_hidden_layers, lambda: Qwen3DecoderLayer(c, rotary_emb)
+        )
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps) if self.is_last_stage else PPMissingLayer()
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate: IntermediateTensors | None = None
+    ) -> torch.Tensor | IntermediateTensors:
+        """The final hidden states; under pipeline parallelism a stage's part: the first embeds input_ids, a later
+        one starts from what the stage before handed on (`intermediate`), and every stage but the last hands its
+        hidden states and residual on in turn."""
+        hidden, residual = (self.embed_tokens(input_ids), None) if intermediate is None else intermediate
+        for layer in islice(self.layers, self.start_layer, self.end_layer):
             hidden, residual = layer(positions, hidden, residual)
+        if not self.is_last_stage:
+            return IntermediateTensors(hidden, residual)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -113,13 +130,17 @@ class Qwen3ForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = Qwen3Model(config)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        self.lm_head = PPMissingLayer()  # the last stage's
+        if self.model.is_last_stage:
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+            if config.tie_word_embeddings:
+                self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Hidden states [tokens, hidden_size] for flat input_ids and positions."""
-        return self.model(input_ids, positions)
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate: IntermediateTensors | None = None
+    ) -> torch.Tensor | IntermediateTensors:
+        """Hidden states [tokens, hidden_size] for flat input_ids and positions (a stage's, see Qwen3Model)."""
+        return self.model(input_ids, positions, intermediate)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

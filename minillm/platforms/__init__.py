@@ -43,20 +43,21 @@ class Platform:
         return attn_layers
 
 
-def cpu_threads_per_rank(tp_size: int) -> int:
-    """Ranks of one model sharing a CPU split its cores."""
-    return max(1, (os.cpu_count() or 1) // tp_size)
+def cpu_threads_per_rank(ranks: int) -> int:
+    """Ranks of one model sharing a CPU split its cores (one thread each when they outnumber them)."""
+    return max(1, (os.cpu_count() or 1) // ranks)
 
 
-def select_platform(config: Config, dtype: torch.dtype, tp_size: int = 1, local_rank: int = 0) -> Platform:
+def select_platform(config: Config, dtype: torch.dtype, ranks: int = 1, local_rank: int = 0) -> Platform:
     """The platform of an engine's rank: on CUDA one device per rank, the Triton kernels when they compile,
     compiled layers and CUDA graphs; on a CPU the C++ kernels when they build (packed float32 matmuls, decode
-    attention in place, the elementwise layers), eager steps, and the cores split among the ranks."""
+    attention in place, the elementwise layers), eager steps, and the cores split among the ranks (tensor-parallel
+    ranks times pipeline stages)."""
     device = torch.device(config.device)
     native = config.native_kernels
     backend = select_attention_backend(config.attention_backend, device, native)
     if device.type == "cuda":
-        if tp_size > 1:
+        if ranks > 1:
             device = torch.device("cuda", local_rank)
         kernels = {}
         if native and triton_compiles():
@@ -82,5 +83,5 @@ def select_platform(config: Config, dtype: torch.dtype, tp_size: int = 1, local_
         linear_method,
         # the elementwise kernels are float32's; a 16-bit model keeps torch's
         {RMSNorm: norm_cpu, SiluAndMul: silu_and_mul_cpu, RotaryEmbedding: rotary_cpu} if fp32 else {},
-        threads=cpu_threads_per_rank(tp_size) if tp_size > 1 else None,
+        threads=cpu_threads_per_rank(ranks) if ranks > 1 else None,
     )

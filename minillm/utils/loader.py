@@ -7,6 +7,7 @@ from safetensors import safe_open
 from torch import nn
 
 from minillm.layers.linear import copy_checked
+from minillm.utils.pipeline import PPMissingLayer
 
 
 def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None) -> None:
@@ -65,15 +66,17 @@ def open_safetensors(file: Path):
         ) from e
 
 
-def safetensors_tensors(path: str | Path):
-    """(name, tensor) for every tensor of the *.safetensors files in `path`, file by file."""
+def safetensors_tensors(path: str | Path, skip: tuple[str, ...] = ()):
+    """(name, tensor) for every tensor of the *.safetensors files in `path`, file by file, but those whose name
+    starts with one of `skip` (left unread)."""
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors file in {path}")
     for file in files:
         with open_safetensors(file) as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                if not name.startswith(skip):
+                    yield name, f.get_tensor(name)
 
 
 def load_model(model: nn.Module, path: str | Path, tensors=None) -> None:
@@ -82,12 +85,15 @@ def load_model(model: nn.Module, path: str | Path, tensors=None) -> None:
 
     A checkpoint name like `layers.0.self_attn.k_proj.weight` is first mapped through the model's
     packed_modules_mapping (to `qkv_proj` with shard "k"); the parameter's weight_loader does the copy.
-    Raises if a tensor has no parameter, a parameter got no tensor, or a shape differs.
+    Raises if a tensor has no parameter, a parameter got no tensor, or a shape differs. A pipeline stage's model
+    (chapter 15) leaves the tensors of the layers other stages hold (its PPMissingLayers) unread. (Quantized
+    `tensors` come from one rank's whole model: quantization runs on one rank.)
     """
     packed = getattr(model, "packed_modules_mapping", {})
     params = dict(model.named_parameters())
+    elsewhere = tuple(f"{name}." for name, m in model.named_modules() if isinstance(m, PPMissingLayer))
     seen, unexpected = set(), []
-    for name, tensor in safetensors_tensors(path) if tensors is None else tensors:
+    for name, tensor in safetensors_tensors(path, elsewhere) if tensors is None else tensors:
         param_name, shard_id = name, None
         for src, (target, shard) in packed.items():
             if f".{src}." in name:

@@ -38,6 +38,9 @@ class TensorParallelGroup:
         self.store, self.rank, self.size, self.device, self.local_rank = store, rank, size, device, local_rank
         self.control = dist.ProcessGroupGloo(dist.PrefixStore("control", store), rank, size, FOREVER)
         self.generation, self.abandoned = -1, True
+        # the bytes of this rank's tensors in its all-reduces and gathers; a ring all-reduce over N ranks sends
+        # 2 (N - 1) / N of them from each rank (as many, for N = 2)
+        self.bytes_reduced = 0
         self.renewable = device.type != "cuda"
         self.renew()
 
@@ -73,6 +76,7 @@ class TensorParallelGroup:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum x over the ranks, in place."""
+        self.bytes_reduced += x.nbytes
         self.device_group.allreduce([x]).wait()
         return x
 
@@ -88,6 +92,7 @@ class TensorParallelGroup:
         opts = dist.GatherOptions()
         opts.rootRank = 0
         parts = [torch.empty_like(x) for _ in range(self.size)] if self.rank == 0 else []
+        self.bytes_reduced += x.nbytes
         self.device_group.gather([parts] if parts else [], [x], opts).wait()
         return parts or None
 

@@ -69,6 +69,8 @@ ENGINE_FLAGS = {
     "kv_cache_memory_bytes": "kvcache_memory_bytes",
     "long_prefill_token_threshold": "long_prefill_token_threshold",
     "block_size": "kvcache_block_size",
+    "tensor_parallel_size": "tensor_parallel_size",
+    "pipeline_parallel_size": "pipeline_parallel_size",
 }
 # an event of a streamed answer, as OpenAPI 3.2's itemSchema describes one (FastAPI's own streams use it too)
 SSE_EVENT = {
@@ -318,7 +320,8 @@ def engine_options(args) -> dict:
     given = {ours: getattr(args, flag) for flag, ours in ENGINE_FLAGS.items() if getattr(args, flag) is not None}
     given |= {} if args.speculative_config is None else {"speculative_config": args.speculative_config}
     given |= {} if args.scheduling_policy is None else {"scheduling_policy": args.scheduling_policy}
-    given |= {} if args.enforce_eager else COMPILED_BATCH_1
+    parallel = (args.tensor_parallel_size or 1) * (args.pipeline_parallel_size or 1) > 1  # their steps run eager
+    given |= {} if args.enforce_eager or parallel else COMPILED_BATCH_1
     return given | ({} if args.mixed_steps else {"mixed_steps": False})
 
 

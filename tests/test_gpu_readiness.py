@@ -10,8 +10,8 @@ import torch
 
 from minillm import LLM
 from minillm.config import Config, ModelConfig, default_model_path, resolve_dtype
+from minillm.engine.graphs import TORCH_GRAPH_GATHER_BYTES, why_eager
 from minillm.engine.kv_budget import dummy_forward, warmup
-from minillm.engine.model_runner import TORCH_GRAPH_GATHER_BYTES, ModelRunner
 from minillm.layers.sampler import Sampler
 
 
@@ -20,9 +20,9 @@ def test_warmup_runs_a_whole_step_at_its_largest(monkeypatch):
     runner, seen = llm.model_runner, {}
     forward = type(runner.model).forward
 
-    def spy_forward(model, input_ids, positions):
+    def spy_forward(model, input_ids, positions, intermediate=None):
         seen.setdefault("forwards", []).append(len(input_ids))
-        return forward(model, input_ids, positions)
+        return forward(model, input_ids, positions, intermediate)
 
     def spy_sampler(sampler, logits, md):
         seen["logits"], seen["truncated"] = tuple(logits.shape), md.truncated_rows.tolist()
@@ -47,6 +47,7 @@ def cuda_runner(backend: str, **config):
         platform=SimpleNamespace(attention_backend=SimpleNamespace(name=backend), replays_decode=True),
         model=model,
         group=None,
+        pp=None,
         block_size=16,
         dtype=torch.bfloat16,
     ), Config(**config)
@@ -57,14 +58,14 @@ def test_torch_backend_graphs_are_refused_past_a_safe_width():
     per_row = 2 * c.num_key_value_heads * c.head_dim * 2  # a position's key and value in bf16
     fits = TORCH_GRAPH_GATHER_BYTES // (256 * per_row) // 16 * 16  # positions that 256 rows may copy
     runner, config = cuda_runner("torch", max_model_len=fits)
-    assert ModelRunner.why_eager(runner, config) is None
+    assert why_eager(runner, config) is None
     runner, config = cuda_runner("torch", max_model_len=fits + 16)
-    assert "would copy 1.0 GiB of keys and values per layer (256 rows" in ModelRunner.why_eager(runner, config)
+    assert "would copy 1.0 GiB of keys and values per layer (256 rows" in why_eager(runner, config)
     runner, config = cuda_runner("torch", max_model_len=fits + 16, enforce_eager=False)
     with pytest.raises(ValueError, match="use attention_backend='triton'"):
-        ModelRunner.why_eager(runner, config)
+        why_eager(runner, config)
     runner, config = cuda_runner("triton", max_model_len=40960, enforce_eager=False)  # reads the blocks in place
-    assert ModelRunner.why_eager(runner, config) is None
+    assert why_eager(runner, config) is None
 
 
 @pytest.mark.parametrize(

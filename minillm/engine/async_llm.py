@@ -11,7 +11,7 @@ import asyncio
 import time
 from itertools import count
 
-from minillm.engine.core_client import ThreadedCoreClient
+from minillm.engine.core_client import ThreadedCoreClient, start_front_end
 from minillm.engine.exceptions import EngineDeadError, EngineError, QueueFullError
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.messages import EngineCoreOutputs
@@ -43,8 +43,6 @@ class AsyncLLM:
         """The engine core in a process of its own (LLM(model, **kwargs)'s settings); this process keeps only the
         tokenizer. data_parallel_size > 1: that many cores, each new request sent to the least loaded (chapter
         15). Raises what LLM(...) would for a bad model or setting."""
-        from minillm.engine.core_proc import start_front_end
-
         processor, client = start_front_end(model, data_parallel_size, **kwargs)
         self = cls.__new__(cls)
         self.setup(client, processor, max_queue, stat_loggers)

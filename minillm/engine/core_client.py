@@ -6,8 +6,11 @@
   sockets as msgpack (msgspec). The front end's work then never delays a step, and the core's steps never block
   the front end's event loop. A core process that dies is noticed at once, through its process sentinel.
 
-Both give the front end the same asyncio-side calls: add_request, abort_requests (fire and forget), and
+- `DPLBAsyncMPClient` (dp_client.py): several such core processes, each request to the least loaded (chapter 15).
+
+All give the front end the same asyncio-side calls: add_request, abort_requests (fire and forget), and
 `await get_output()` for each step's EngineCoreOutputs, which raises EngineDeadError once the core is gone.
+`start_front_end` makes the front end's side for a server: the Processor and a client of core processes.
 """
 
 import asyncio
@@ -15,8 +18,14 @@ import queue
 import threading
 
 from minillm.engine.core import EngineCore
+from minillm.engine.core_proc import MPClient
+from minillm.engine.dp_client import DPLBAsyncMPClient
 from minillm.engine.exceptions import EngineDeadError
+from minillm.engine.llm_engine import engine_config, eos_token_ids
 from minillm.engine.messages import EngineCoreOutputs, EngineCoreRequest
+from minillm.engine.processor import Processor
+from minillm.platforms import cpu_threads_per_rank
+from minillm.tokenizer import Tokenizer
 
 
 class ThreadedCoreClient:
@@ -104,3 +113,22 @@ class ThreadedCoreClient:
 def settle(future: asyncio.Future, result, error) -> None:
     if not future.done():
         future.set_exception(error) if error is not None else future.set_result(result)
+
+
+def start_front_end(model=None, data_parallel_size: int = 1, **kwargs):
+    """A Processor (with the tokenizer) in this process and a client whose core process holds the model: an
+    MPClient, or with data_parallel_size > 1 a DPLBAsyncMPClient over that many cores (the CPU's cores split
+    between them)."""
+    if not (isinstance(data_parallel_size, int) and data_parallel_size >= 1):
+        raise ValueError(f"data_parallel_size must be an integer >= 1 (engine cores), got {data_parallel_size!r}")
+    config, path, model_config = engine_config(model, **kwargs)
+    tokenizer = None if config.skip_tokenizer_init else Tokenizer(path)
+    processor = Processor(config, path, model_config, tokenizer)
+    eos = eos_token_ids(path, model_config, tokenizer)
+    if data_parallel_size == 1:
+        client = MPClient(config, path, eos)
+    else:
+        threads = cpu_threads_per_rank(data_parallel_size) if config.device == "cpu" else None
+        client = DPLBAsyncMPClient(config, path, eos, data_parallel_size, threads)
+    processor.num_kvcache_blocks = client.num_kvcache_blocks
+    return processor, client

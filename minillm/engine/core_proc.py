@@ -31,31 +31,6 @@ STARTUP_TIMEOUT = 600  # seconds for the core to load its model (a first torch.c
 IDLE_POLL_MS = 500  # an idle core checks its parent this often
 
 
-def start_front_end(model=None, data_parallel_size: int = 1, **kwargs):
-    """A Processor (with the tokenizer) in this process and a client whose core process holds the model: an
-    MPClient, or with data_parallel_size > 1 a DPLBAsyncMPClient over that many cores (the CPU's cores split
-    between them)."""
-    from minillm.engine.dp_client import DPLBAsyncMPClient
-    from minillm.engine.llm_engine import engine_config, eos_token_ids
-    from minillm.engine.processor import Processor
-    from minillm.platforms import cpu_threads_per_rank
-    from minillm.tokenizer import Tokenizer
-
-    if not (isinstance(data_parallel_size, int) and data_parallel_size >= 1):
-        raise ValueError(f"data_parallel_size must be an integer >= 1 (engine cores), got {data_parallel_size!r}")
-    config, path, model_config = engine_config(model, **kwargs)
-    tokenizer = None if config.skip_tokenizer_init else Tokenizer(path)
-    processor = Processor(config, path, model_config, tokenizer)
-    eos = eos_token_ids(path, model_config, tokenizer)
-    if data_parallel_size == 1:
-        client = MPClient(config, path, eos)
-    else:
-        threads = cpu_threads_per_rank(data_parallel_size) if config.device == "cpu" else None
-        client = DPLBAsyncMPClient(config, path, eos, data_parallel_size, threads)
-    processor.num_kvcache_blocks = client.num_kvcache_blocks
-    return processor, client
-
-
 class MPClient:
     num_engines = 1
 

@@ -17,7 +17,7 @@ import weakref
 
 import torch
 
-from minillm.engine.input_batch import StepInputs
+from minillm.engine.input_batch import StepInputs, decode_rows
 from minillm.utils.compile import compiled_layers
 from minillm.utils.context import Context, get_context, reset_context, set_context
 
@@ -229,3 +229,38 @@ class CUDADecodeGraphs(DecodeGraphs):
     def replay(self, bucket: int) -> torch.Tensor:
         self.graphs[bucket].replay()
         return self.outputs[:bucket]
+
+
+TORCH_GRAPH_GATHER_BYTES = 2**30  # the most the torch backend's decode attention may copy out per layer in a graph
+
+
+def why_eager(runner, config) -> str | None:
+    """Why a model runner's decode steps run op by op, or None when they are replayed per bucket (CUDA graphs, or compiled
+    steps on a CPU). The torch backend's decode attention copies every row's keys and values out of the cache
+    at the block tables' width, which a CUDA graph fixes at max_model_len: past TORCH_GRAPH_GATHER_BYTES per
+    layer that is refused (an error if graphs were asked for, eager steps by default)."""
+    if config.enforce_eager:
+        return "enforce_eager=True"
+    if runner.pp:  # check_pipeline_parallel refuses enforce_eager=False
+        return "pipeline parallelism: a stage's step starts from the hidden states the stage before sent"
+    if config.enforce_eager is None and not runner.platform.replays_decode:
+        return "the CPU default: compiling costs seconds per batch-size bucket; enforce_eager=False turns it on"
+    if runner.device.type == "cuda" and runner.platform.attention_backend.name == "torch":
+        c, rows = runner.model.config, min(decode_rows(config), 512)
+        kv_heads = max(1, c.num_key_value_heads // (runner.group.size if runner.group else 1))
+        width = -(-config.max_model_len // runner.block_size) * runner.block_size
+        gathered = 2 * rows * width * kv_heads * c.head_dim * runner.dtype.itemsize
+        if config.kv_cache_dtype == "int8":  # the int8 blocks dequantized into a copy, then gathered from it
+            gathered *= 2
+        if gathered > TORCH_GRAPH_GATHER_BYTES:
+            reason = (
+                f"attention_backend='torch' in a CUDA graph would copy {gathered / 2**30:.1f} GiB of keys "
+                f"and values per layer ({rows} rows x {width} positions, the max_model_len)"
+            )
+            if config.enforce_eager is False:
+                raise ValueError(
+                    f"{reason}: use attention_backend='triton' (it reads the blocks in place), or "
+                    "lower max_model_len or max_num_seqs, or leave enforce_eager unset (eager steps)"
+                )
+            return reason
+    return None

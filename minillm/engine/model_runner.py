@@ -14,8 +14,8 @@ come back with the step's tokens, for the scheduler to verify in the next step. 
 import torch
 
 from minillm.config import Config
-from minillm.engine.graphs import CompiledDecodeSteps, CUDADecodeGraphs
-from minillm.engine.input_batch import InputBuffers, StepInputs, decode_rows, rows_step_inputs
+from minillm.engine.graphs import CompiledDecodeSteps, CUDADecodeGraphs, why_eager
+from minillm.engine.input_batch import InputBuffers, StepInputs, rows_step_inputs
 from minillm.engine.kv_budget import kv_cache_budget
 from minillm.engine.kv_cache import (
     allocate_int8_kv_cache,
@@ -31,13 +31,11 @@ from minillm.layers.rejection_sampler import RejectionSampler
 from minillm.layers.sampler import Sampler, SamplingMetadata
 from minillm.models import build_model
 from minillm.platforms import select_platform
-from minillm.spec_decode import DraftInput, make_proposer
+from minillm.spec_decode import draft_inputs, make_proposer
 from minillm.utils.compile import compiled_layers
 from minillm.utils.context import Context, reset_context, set_context
 from minillm.utils.parallel import TensorParallelGroup, cpu_threads, tensor_parallel
 from minillm.utils.pipeline import IntermediateTensors, PipelineGroup, StageRecord, pipeline_parallel
-
-TORCH_GRAPH_GATHER_BYTES = 2**30  # the most the torch backend's decode attention may copy out per layer in a graph
 
 
 class ModelRunner:
@@ -69,7 +67,7 @@ class ModelRunner:
         self.buffers = InputBuffers(config, self.block_size, self.device)
         self.sampler = Sampler()
         self.rejection_sampler = RejectionSampler()
-        self.eager_reason = self.why_eager(config)  # before the KV budget: CUDA graphs keep a memory pool
+        self.eager_reason = why_eager(self, config)  # before the KV budget: CUDA graphs keep a memory pool
         self.kv_cache_dtype = config.kv_cache_dtype  # "int8": int8 keys and values, a float32 scale per token and head
         self.compile_layers = self.platform.compile_layers if config.compile_layers is None else config.compile_layers
         self.drafter = None  # speculative decoding's proposer (chapter 13), on the rank that samples
@@ -119,37 +117,6 @@ class ModelRunner:
         self.graphs = None if self.eager_reason else kind(self, min(self.buffers.decode_rows, 512), sizes)
         if self.graphs and (cuda or sizes):  # every bucket on CUDA, the named ones on a CPU: built now, not mid-service
             self.graphs.capture()
-
-    def why_eager(self, config: Config) -> str | None:
-        """Why decode steps run op by op, or None when they are replayed per bucket (CUDA graphs, or compiled
-        steps on a CPU). The torch backend's decode attention copies every row's keys and values out of the cache
-        at the block tables' width, which a CUDA graph fixes at max_model_len: past TORCH_GRAPH_GATHER_BYTES per
-        layer that is refused (an error if graphs were asked for, eager steps by default)."""
-        if config.enforce_eager:
-            return "enforce_eager=True"
-        if self.pp:  # check_pipeline_parallel refuses enforce_eager=False
-            return "pipeline parallelism: a stage's step starts from the hidden states the stage before sent"
-        if config.enforce_eager is None and not self.platform.replays_decode:
-            return "the CPU default: compiling costs seconds per batch-size bucket; enforce_eager=False turns it on"
-        if self.device.type == "cuda" and self.platform.attention_backend.name == "torch":
-            c, rows = self.model.config, min(decode_rows(config), 512)
-            kv_heads = max(1, c.num_key_value_heads // (self.group.size if self.group else 1))
-            width = -(-config.max_model_len // self.block_size) * self.block_size
-            gathered = 2 * rows * width * kv_heads * c.head_dim * self.dtype.itemsize
-            if config.kv_cache_dtype == "int8":  # the int8 blocks dequantized into a copy, then gathered from it
-                gathered *= 2
-            if gathered > TORCH_GRAPH_GATHER_BYTES:
-                reason = (
-                    f"attention_backend='torch' in a CUDA graph would copy {gathered / 2**30:.1f} GiB of keys "
-                    f"and values per layer ({rows} rows x {width} positions, the max_model_len)"
-                )
-                if config.enforce_eager is False:
-                    raise ValueError(
-                        f"{reason}: use attention_backend='triton' (it reads the blocks in place), or "
-                        "lower max_model_len or max_num_seqs, or leave enforce_eager unset (eager steps)"
-                    )
-                return reason
-        return None
 
     @property
     def graph_mode(self) -> str:
@@ -305,13 +272,7 @@ class ModelRunner:
         """Speculative decoding (chapter 13), right after sampling: the drafter's guesses of what follows each
         sequence's new tokens (at most k, and at most what max_tokens leaves after the token the next step samples
         anyway), and a draft model's distributions of them."""
-        inputs = []
-        for seq, new in zip(seqs, new_token_ids):
-            start, k = seq.num_computed_tokens, min(self.drafter.k, seq.remaining_tokens - len(new) - 1)
-            end = len(seq) + len(new) if new else start + seq.num_scheduled_tokens
-            args = seq.block_table, k if new else 0, seq.sampling_params, seq.generator
-            inputs.append(DraftInput(seq.token_ids + new, start, end, *args))
-        return self.drafter.propose(inputs)
+        return self.drafter.propose(draft_inputs(seqs, new_token_ids, self.drafter.k))
 
     def execute_rows(self, rows: list[tuple[list[int], int, list[int], bool]]) -> torch.Tensor:
         """A draft model's forward (chapter 13): the logits of the rows that sample (`rows_step_inputs`)."""

@@ -9,6 +9,8 @@ that every stage has a batch to run.
 """
 
 import time
+from collections import deque
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
@@ -85,3 +87,23 @@ def stage_loop(runner) -> None:
             pp.send(pp.next_rank, (batch_id, inputs, records), torch.stack(out))
         elif out is not None:  # the last stage's first rank (its tensor-parallel ranks' logits gathered there)
             pp.send(0, records, out if out.numel() else None)
+
+
+@contextmanager
+def held_back(scheduler, max_seqs: int | None):
+    """A scheduler plans over part of `running`: the requests in flight and, past the first max_seqs of the others, the rest
+    are held back: neither scheduled nor preempted, but in their seats and in `can_admit`'s reckoning. The plan's
+    seats are what max_num_seqs leaves, at most max_seqs. Afterwards `running` is whole again, in its order,
+    with the requests the plan admitted at the end."""
+    running, seats = list(scheduler.running), scheduler.max_num_seqs
+    free = [seq for seq in running if seq not in scheduler.in_flight]
+    limit = len(free) if max_seqs is None else max_seqs
+    scheduler.held = [seq for seq in running if seq in scheduler.in_flight] + free[limit:]
+    scheduler.running, scheduler.max_num_seqs = deque(free[:limit]), min(seats - len(scheduler.held), max_seqs or seats)
+    try:
+        yield
+    finally:
+        planned = list(scheduler.running)  # less the preempted, plus the admitted
+        kept = set(planned) | set(scheduler.held)
+        scheduler.running = deque(dict.fromkeys([seq for seq in running if seq in kept] + planned))
+        scheduler.held, scheduler.max_num_seqs = [], seats

@@ -7,17 +7,17 @@ prompt. A step that fails is rolled back: its requests wait to be recomputed. Un
 several batches are in flight at once; a plan leaves out the requests of those (`in_flight`), whose tokens are not
 back yet."""
 
-from bisect import insort
 from collections import deque
-from contextlib import contextmanager
 
 from minillm.config import Config
 from minillm.engine.block_manager import BlockManager
+from minillm.engine.pipeline import held_back
+from minillm.engine.request_queue import RequestQueues
 from minillm.engine.scheduler_output import SchedulerOutput
 from minillm.engine.sequence import Sequence, SequenceStatus, finish_reason
 
 
-class Scheduler:
+class Scheduler(RequestQueues):
     def __init__(self, config: Config, block_manager: BlockManager, eos_token_ids: list[int]):
         self.max_num_seqs, self.max_num_batched_tokens = config.max_num_seqs, config.max_num_batched_tokens
         self.mixed_steps, self.long_prefill_token_threshold = config.mixed_steps, config.long_prefill_token_threshold
@@ -30,17 +30,7 @@ class Scheduler:
         self.running: deque[Sequence] = deque()  # admitted: holding blocks, decoding or part-way through a prompt
         self.num_preemptions = 0  # how many times a running sequence was sent back to be recomputed
         self.in_flight: set[Sequence] = set()  # running requests of the batches in flight (pipeline parallelism)
-        self.held: list[Sequence] = []  # while a plan is made: the running requests it leaves out (`held_back`)
-
-    def is_finished(self) -> bool:
-        return not self.waiting and not self.running
-
-    def queue_key(self, seq: Sequence):
-        """Waiting order: by arrival (FCFS), or by priority (higher first) and then arrival."""
-        return (-seq.priority, seq.seq_id) if self.policy == "priority" else (seq.seq_id,)
-
-    def add(self, seq: Sequence) -> None:
-        insort(self.waiting, seq, key=self.queue_key)
+        self.held: list[Sequence] = []  # while a plan is made: the running requests it leaves out (pipeline.held_back)
 
     def schedule(self, max_seqs: int | None = None) -> SchedulerOutput:
         """The next step's plan, never empty while a request is unfinished: the running requests' work (their next
@@ -50,27 +40,8 @@ class Scheduler:
         (it may then be empty) and takes at most `max_seqs` requests, leaving the others to the next batches."""
         if not self.in_flight and max_seqs is None:
             return self.plan()
-        with self.held_back(max_seqs):
+        with held_back(self, max_seqs):
             return self.plan()
-
-    @contextmanager
-    def held_back(self, max_seqs: int | None):
-        """Plan over part of `running`: the requests in flight and, past the first max_seqs of the others, the rest
-        are held back: neither scheduled nor preempted, but in their seats and in `can_admit`'s reckoning. The plan's
-        seats are what max_num_seqs leaves, at most max_seqs. Afterwards `running` is whole again, in its order,
-        with the requests the plan admitted at the end."""
-        running, seats = list(self.running), self.max_num_seqs
-        free = [seq for seq in running if seq not in self.in_flight]
-        limit = len(free) if max_seqs is None else max_seqs
-        self.held = [seq for seq in running if seq in self.in_flight] + free[limit:]
-        self.running, self.max_num_seqs = deque(free[:limit]), min(seats - len(self.held), max_seqs or seats)
-        try:
-            yield
-        finally:
-            planned = list(self.running)  # less the preempted, plus the admitted
-            kept = set(planned) | set(self.held)
-            self.running = deque(dict.fromkeys([seq for seq in running if seq in kept] + planned))
-            self.held, self.max_num_seqs = [], seats
 
     def plan(self) -> SchedulerOutput:
         """`schedule`'s plan over the running requests in `running` (see held_back)."""
@@ -230,40 +201,6 @@ class Scheduler:
                 self.block_manager.cache_blocks(seq, seq.num_computed_tokens + seq.num_scheduled_tokens)
                 scheduled.append(seq)
         return scheduled
-
-    def release(self, seq: Sequence) -> None:
-        """Free seq's blocks and take it out of its queue."""
-        self.block_manager.deallocate(seq)
-        (self.running if seq.status == SequenceStatus.RUNNING else self.waiting).remove(seq)
-
-    def preempt(self, seq: Sequence) -> None:
-        """Free seq's blocks and queue it to be recomputed from its tokens so far (counted in num_preemptions)."""
-        self.num_preemptions += 1
-        self.requeue(seq)
-
-    def requeue(self, seq: Sequence) -> None:
-        """Free seq's blocks and put it back in waiting, in queue order."""
-        self.release(seq)
-        seq.status, seq.spec_token_ids, seq.draft_token_ids, seq.spec_probs = SequenceStatus.WAITING, [], [], None
-        self.add(seq)
-
-    def abort(self, seq: Sequence) -> None:
-        """Drop an unfinished request: out of its queue, its blocks freed."""
-        self.release(seq)
-        seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
-
-    def rollback(self, seqs: list[Sequence]) -> None:
-        """Undo a step that failed: its sequences go back to waiting, to be recomputed; freeing their blocks forgets
-        the hashes scheduling gave the blocks the step was to fill (`deallocate`). A sequence the step had already
-        finished is released completely (the fault may have come half-way)."""
-        for seq in seqs:
-            if seq.is_finished:
-                if seq.block_table:
-                    self.block_manager.deallocate(seq)
-                if seq in self.running:
-                    self.running.remove(seq)
-            else:
-                self.requeue(seq)  # not a preemption: nothing chose to evict it
 
     def update_from_output(self, output: SchedulerOutput, sampled: list[list[int]]) -> list[Sequence]:
         """Record a step that ran (vLLM's name). `sampled[i]` are the tokens the step produced for

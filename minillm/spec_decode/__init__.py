@@ -9,9 +9,9 @@ step. Nothing here imports the engine."""
 from collections.abc import Callable
 
 from minillm.config import Config, SpeculativeConfig
-from minillm.spec_decode.inputs import DraftInput
+from minillm.spec_decode.inputs import DraftInput, draft_inputs
 
-__all__ = ["DraftInput", "make_proposer"]
+__all__ = ["DraftInput", "draft_inputs", "make_proposer"]
 
 
 def make_proposer(config: Config, vocab_size: int, load_runner: Callable):

@@ -18,3 +18,15 @@ class DraftInput:
     num_drafts: int  # how many drafts to propose at most (0: none, a prompt chunk or a request at its end)
     sampling_params: SamplingParams
     generator: torch.Generator | None  # a seeded request's own stream
+
+
+def draft_inputs(seqs, new_token_ids: list[list[int]], k: int) -> list[DraftInput]:
+    """Each sequence of a step with its new tokens, as a proposer sees it: at most k drafts, and at most what
+    max_tokens leaves after the token the next step samples anyway; none for a prompt chunk that sampled nothing."""
+    inputs = []
+    for seq, new in zip(seqs, new_token_ids):
+        start, num_drafts = seq.num_computed_tokens, min(k, seq.remaining_tokens - len(new) - 1)
+        end = len(seq) + len(new) if new else start + seq.num_scheduled_tokens
+        args = seq.block_table, num_drafts if new else 0, seq.sampling_params, seq.generator
+        inputs.append(DraftInput(seq.token_ids + new, start, end, *args))
+    return inputs

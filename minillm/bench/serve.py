@@ -13,50 +13,34 @@ python -m minillm.bench serve --base-url http://127.0.0.1:8000 --num-prompts 32 
 
 import argparse
 import asyncio
-import math
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from typing import NamedTuple
 
 from minillm.bench import servers, vllm_peer, workloads
-from minillm.bench.arguments import (
-    WARMUP_OUTPUT_LEN,
-    WARMUP_PROMPTS,
-    add_length_arguments,
-    make_workload,
-    names_from,
-    positive_int,
-    rate_list,
-)
+from minillm.bench.arguments import WARMUP_OUTPUT_LEN, WARMUP_PROMPTS, make_workload, names_from
 from minillm.bench.endpoint_request_func import RequestFuncOutput, send_all, served_model
 from minillm.bench.metrics import latency, summary, throughput
 from minillm.bench.models import checkpoint, read_config, special_token_ids
 from minillm.bench.report import git_state, machine, versions, write_json
+from minillm.bench.serve_arguments import (
+    TUNABLE_FLAGS,
+    add_engine_arguments,
+    add_request_arguments,
+    check_requests,
+    slo,
+)
 from minillm.bench.serve_report import plot_distributions, plot_sweep, rate_label, result_table
 from minillm.bench.serving import poisson_arrivals
 from minillm.bench.workloads import Workload
 from minillm.config import Config
-
-DATASETS = {"random": "fixed", "mixed": "mixed", "shared-prefix": "shared-prefix"}  # -> make_workload's kinds
-SLO_METRICS = ("ttft", "tpot", "e2el")
-
-
-def slo(text: str) -> tuple[str, float]:
-    """--goodput's KEY:MS, e.g. ttft:500."""
-    key, _, ms = text.partition(":")
-    try:
-        if key in SLO_METRICS and float(ms) > 0:
-            return key, float(ms)
-    except ValueError:
-        pass
-    raise argparse.ArgumentTypeError(f"expected {'|'.join(SLO_METRICS)}:MS with MS > 0, got {text!r}")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m minillm.bench serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    n = dict(type=positive_int, metavar="N")
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--base-url", metavar="URL", help="an OpenAI-compatible server already running")
     target.add_argument(
@@ -65,43 +49,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="LIST",
         help="start each server of the list in turn (minillm, vllm) on a free 127.0.0.1 port, then stop it",
     )
-    p.add_argument(
-        "--model",
-        metavar="DIR|ID",
-        help="the checkpoint served (its vocabulary gives the prompts' ids); default: the embedded default model",
-    )
     p.add_argument("--endpoint", choices=["completions"], default="completions", help="/v1/completions, token ids")
-    w = p.add_argument_group("workload (random token ids, ignore_eos: every request generates exactly its length)")
-    w.add_argument(
-        "--dataset",
-        choices=list(DATASETS),
-        default="random",
-        help="random: --input-len/--output-len tokens; mixed: lengths drawn from --input-range/--output-range; "
-        "shared-prefix: --prefix-len common tokens + --suffix-len own ones",
-    )
-    w.add_argument("--num-prompts", **n, default=64)
-    add_length_arguments(w)
-    a = p.add_argument_group("arrivals").add_mutually_exclusive_group()
-    a.add_argument("--request-rate", type=float, default=math.inf, help="requests/s (default inf: all at once)")
-    a.add_argument("--request-rates", type=rate_list, metavar="LIST", help="a sweep, e.g. 1,2,4,inf: one run each")
-    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps: 1 Poisson, <1 burstier")
-    p.add_argument("--max-concurrency", **n, help="at most N requests in flight (default: no limit)")
+    add_request_arguments(p, sweep=True)
     p.add_argument("--goodput", type=slo, nargs="+", metavar="KEY:MS", help="SLOs, e.g. ttft:500 tpot:50")
-    e = p.add_argument_group("engine flags for --launch, the same for every server (vLLM's names)")
-    e.add_argument("--max-model-len", **n, help="default: the model's max_position_embeddings")
-    e.add_argument("--max-num-seqs", **n, default=Config.max_num_seqs)
-    e.add_argument("--max-num-batched-tokens", **n, default=Config.max_num_batched_tokens)
-    e.add_argument("--kv-cache-memory-bytes", **n, default=Config.kvcache_memory_bytes)
+    e = p.add_argument_group(
+        "engine flags for --launch, the same for every server (vLLM's names; default: minillm's, whose "
+        "--max-num-seqs and --max-num-batched-tokens vLLM gets too)"
+    )
+    add_engine_arguments(e)
+    for dest, flag in TUNABLE_FLAGS.items():
+        e.add_argument(
+            "--" + dest.replace("_", "-"),
+            type=flag.parse,
+            metavar=flag.metavar,
+            help=f"{flag.help}; default {flag.default}",
+        )
     e.add_argument("--vllm-venv", type=Path, metavar="DIR", help="default: $MINILLM_VLLM_VENV, else .venv-vllm")
     o = p.add_argument_group("output")
     o.add_argument("--result-json", type=Path, metavar="PATH", help="default: results/bench/serve-<...>.json")
     o.add_argument("--plot", type=Path, metavar="PATH", help="PNG: latency CDFs, or latency against rate (sweep)")
-    args = p.parse_args(argv)
-    if args.request_rate <= 0 or args.burstiness <= 0:
-        p.error("--request-rate and --burstiness must be > 0")
-    args.request_rates = args.request_rates or [args.request_rate]
-    args.workload = DATASETS[args.dataset]
-    return args
+    return check_requests(p, p.parse_args(argv))
 
 
 def tpot(out: RequestFuncOutput) -> float:
@@ -138,6 +105,42 @@ def result(workload: Workload, outputs: list[RequestFuncOutput], duration: float
     )
 
 
+class Requests(NamedTuple):
+    """What a run sends: each rate's requests (the same lengths, other prompts, so that no rate is served from an
+    earlier one's cache), their arrival times, and the warm-up's requests (other prompts again, short outputs)."""
+
+    rounds: list[Workload]
+    arrivals: list[list[float]]
+    warmup: Workload
+
+
+def requests(args, path: Path) -> Requests:
+    """The requests of add_request_arguments' options, on the vocabulary of the checkpoint at `path`."""
+    pool = workloads.token_pool(read_config(path)["vocab_size"], special_token_ids(path))
+    rounds = [make_workload(args, pool, args.seed, args.num_prompts, r) for r in range(len(args.request_rates))]
+    arrivals = [poisson_arrivals(args.num_prompts, rate, args.seed, args.burstiness) for rate in args.request_rates]
+    warmup = make_workload(args, pool, args.seed + 1, WARMUP_PROMPTS)
+    warmup.output_lens = [min(n, WARMUP_OUTPUT_LEN) for n in warmup.output_lens]
+    return Requests(rounds, arrivals, warmup)
+
+
+def engine_settings(args, path: Path, load: Requests) -> dict:
+    """The flags a launched server gets (vLLM's dest names): the context (default: the model's), the KV cache's
+    memory, --enforce-eager, minillm's batch limits (vLLM's own defaults differ: like for like) and every other
+    flag of TUNABLE_FLAGS given. SystemExit when a request does not fit the context."""
+    given = {dest: getattr(args, dest) for dest in TUNABLE_FLAGS if getattr(args, dest) is not None}
+    engine = dict(
+        max_model_len=args.max_model_len or read_config(path).get("max_position_embeddings", 2048),
+        max_num_seqs=Config.max_num_seqs,
+        max_num_batched_tokens=Config.max_num_batched_tokens,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        enforce_eager=args.enforce_eager,
+    )
+    if max(w.max_len for w in load.rounds) > engine["max_model_len"]:
+        raise SystemExit(f"error: a request does not fit max_model_len {engine['max_model_len']}: shorten it")
+    return engine | given
+
+
 def run_server(base_url: str, rounds: list[Workload], arrivals: list[list[float]], warmup: Workload, args) -> list:
     """Warm the server up (untimed), then one run per rate: a result each."""
     model = served_model(base_url)
@@ -156,25 +159,31 @@ def run_server(base_url: str, rounds: list[Workload], arrivals: list[list[float]
     return results
 
 
+def measure(name: str, args, path: Path, engine: dict, load: Requests, venv: Path | None = None) -> dict:
+    """One server's runs: `name` launched with `engine`'s flags (--launch; else the server at --base-url), warmed
+    up, then a run per rate. {"base_url", "command", "startup_seconds", "results"}, or {"failed": why} when it did
+    not start or stopped answering: the other servers' results stand."""
+    start = (
+        servers.launch(
+            name, args.model, path, engine, max(256, args.num_prompts), vllm_peer.default_threads(args), venv
+        )
+        if args.launch
+        else nullcontext(dict(base_url=args.base_url.rstrip("/")))
+    )
+    try:
+        with start as server:
+            return dict(server, results=run_server(server["base_url"], *load, args))
+    except RuntimeError as e:
+        print(f"{name} failed: {e}")
+        return dict(failed=str(e))
+
+
 def main(argv: list[str]) -> dict:
     """Run the benchmark; print the result block, write the JSON record (and the plot); return the record."""
     args = parse_args(argv)
     with checkpoint(args.model, None, args.seed) as (path, model_name):
-        config = read_config(path)
-        pool = workloads.token_pool(config["vocab_size"], special_token_ids(path))
-        # one workload per rate: the same lengths, other prompts, so no rate is served from an earlier one's cache
-        rounds = [make_workload(args, pool, args.seed, args.num_prompts, r) for r in range(len(args.request_rates))]
-        arrivals = [poisson_arrivals(args.num_prompts, rate, args.seed, args.burstiness) for rate in args.request_rates]
-        warmup = make_workload(args, pool, args.seed + 1, WARMUP_PROMPTS)
-        warmup.output_lens = [min(n, WARMUP_OUTPUT_LEN) for n in warmup.output_lens]
-        engine = dict(
-            max_model_len=args.max_model_len or config.get("max_position_embeddings", 2048),
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-        )
-        if max(w.max_len for w in rounds) > engine["max_model_len"]:
-            raise SystemExit(f"error: a request does not fit max_model_len {engine['max_model_len']}: shorten it")
+        load = requests(args, path)
+        engine = engine_settings(args, path, load)
         venv, record = vllm_peer.venv_dir(args.vllm_venv), {}
         for name in args.launch or ["server"]:
             if name == "vllm" and (why := vllm_peer.unavailable(venv)):
@@ -184,18 +193,7 @@ def main(argv: list[str]) -> dict:
             print(
                 f"{name}: {args.num_prompts} requests per rate, rates {', '.join(map(rate_label, args.request_rates))}"
             )
-            threads = vllm_peer.default_threads(args)
-            start = (
-                servers.launch(name, args.model, path, engine, max(256, args.num_prompts), threads, venv)
-                if args.launch
-                else nullcontext(dict(base_url=args.base_url.rstrip("/")))
-            )
-            try:
-                with start as server:
-                    record[name] = dict(server, results=run_server(server["base_url"], rounds, arrivals, warmup, args))
-            except RuntimeError as e:  # a server that did not start: the others' results stand
-                print(f"{name} failed: {e}")
-                record[name] = dict(failed=str(e))
+            record[name] = measure(name, args, path, engine, load, venv)
     return report(args, record, engine, model_name)
 
 

@@ -36,8 +36,15 @@ def free_port() -> int:
 
 
 def engine_flags(engine: dict) -> list[str]:
-    """{"max_num_seqs": 8, ...} as vLLM's flags, which minillm.serve takes too: ["--max-num-seqs", "8", ...]."""
-    return [arg for name, value in engine.items() for arg in (f"--{name.replace('_', '-')}", str(value))]
+    """{"max_num_seqs": 8, "enforce_eager": True, ...} as vLLM's flags, which minillm.serve takes too:
+    ["--max-num-seqs", "8", "--enforce-eager", ...]; a switch (True) alone, one that is False left out."""
+    flag = lambda name: f"--{name.replace('_', '-')}"
+    return [
+        arg
+        for name, value in engine.items()
+        if value is not False
+        for arg in ([flag(name)] if value is True else [flag(name), str(value)])
+    ]
 
 
 def command(

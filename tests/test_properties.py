@@ -244,6 +244,8 @@ class FakeRunner:
     position it attends to, its own tokens. A failing step (`faults`) writes garbage to its slots first, as a
     forward pass that dies part-way may."""
 
+    pp = None  # one process: no pipeline stages
+
     def __init__(self, block_size: int, faults=frozenset(), speculate: int = 0):
         self.kv, self.block_size, self.faults, self.calls = {}, block_size, faults, 0
         self.speculate = speculate  # drafts per step (SimProposer's), 0 for none

@@ -23,6 +23,7 @@ CHAPTERS = {
     "12": "serving",
     "13": "speculative_decoding",
     "14": "quantization",
+    "15": "scaling_out",
 }
 
 

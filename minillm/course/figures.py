@@ -27,6 +27,7 @@ PIECES = [
     (2, "benchmarks\nthe full engine", "11"),
     (2, "speculative decoding\ndraft, verify", "13"),
     (2, "quantization\nint8, GGUF blocks", "14"),
+    (2, "scaling out\npipeline stages,\nreplicas, router", "15"),
 ]
 ROWS = ["the model: one forward pass", "the engine: many requests at once", "making it fast"]
 HERE, DONE, LATER = "#f28e2b", "#cfe2f3", "white"

@@ -485,6 +485,39 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "The weight's scale belongs to the whole output row: multiply by scale[None, :] last. Do the float work in "
         "float64 (.double()) and return .float().",
     ),
+    "15.1": (
+        "Work out every stage's size first, then turn sizes into ranges: a stage starts where the stages before it "
+        "end, so its start is the sum of their sizes and its end is its start plus its own size.",
+        "Everyone gets the floor num_layers // pp_size; the remainder num_layers % pp_size (always fewer than "
+        "pp_size) hands out one more layer each, starting with the stage at index pp_size - 2 and going down "
+        "towards stage 0. A list of sizes that you add to, then `sum` over a slice of it, does both steps.",
+        "The last stage (index pp_size - 1) never gets an extra layer, and neither does any stage below "
+        "pp_size - 1 - remainder. With pp_size 1 the remainder is 0 and the one stage is (0, num_layers). The "
+        "tests check every split of 1 to 40 layers on up to 8 stages, then build the default model's 4 layers "
+        "as 2 and as 3 stages with your ranges and compare the logits.",
+    ),
+    "15.2": (
+        "Give every serving engine one number, its score, and pick the smallest; an engine whose entry is None "
+        "takes no part at all.",
+        "The score is `WAITING_WEIGHT` times the waiting count plus the running count. Pairs (score, index) "
+        "compare by score first and by index on a tie, so the smallest pair names the engine you want; `enumerate` "
+        "gives the indices.",
+        "Skip the None entries before comparing (None cannot be multiplied), but keep each engine's original "
+        "index: the answer is a position in `loads`, not in a filtered list. If nothing is left, raise "
+        "`EngineDeadError` with a message saying that no engine core is serving; `min` of an empty list would "
+        "raise ValueError instead.",
+    ),
+    "15.3": (
+        "Two numbers make the share: how long the timeline lasts from its first start to its last end (the span), "
+        "and how many seconds the stages spent inside forward passes in all (the busy time). The stages together "
+        "could have been busy num_stages times the span.",
+        "The span is the largest `end` minus the smallest `start` over all the records; the busy time adds up "
+        "`end - start` of every record. The bubble is what is left of num_stages x span once the busy time is "
+        "taken out, as a share of num_stages x span.",
+        "Return 0.0 for an empty list before taking a max or a min, and 0.0 when the span is 0 (no division by "
+        "zero). Do not assume the records come sorted or that every stage appears: a stage that ran nothing is "
+        "idle the whole span, which num_stages accounts for.",
+    ),
 }
 
 

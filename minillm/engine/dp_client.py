@@ -26,12 +26,25 @@ WAITING_WEIGHT = 4  # vLLM's: a waiting request weighs as much as four running o
 
 
 def choose_engine(loads: list[tuple[int, int] | None]) -> int:
-    """The index of the least loaded engine, loads[i] = (waiting, running) or None for one not serving (dead or
-    starting); ties go to the lowest index. Example: [(2, 0), (0, 5), None] -> 1 (8 against 5)."""
+    """The index of the engine core a new request goes to: the least loaded (vLLM's internal load balancer).
+
+    loads[i] is engine i's (waiting, running): the requests it has queued and the ones it is generating, as its
+    last step reported plus the requests sent to it since; None for an engine that is not serving (dead, or a
+    replacement still starting), which gets nothing. An engine's score is WAITING_WEIGHT * waiting + running
+    (WAITING_WEIGHT = 4: a waiting request still needs its whole prefill); return the index of the lowest score,
+    the lowest index among equal scores. When every entry is None, raise EngineDeadError (the front end then
+    fails the request) with a message that says no engine core is serving.
+
+    Examples: [(2, 0), (0, 5), None] -> 1 (scores 8 and 5); [(0, 3), (1, 0)] -> 0 (3 against 4);
+    [(0, 0), (0, 0)] -> 0 (a tie); [None, None] raises EngineDeadError.
+    """
+    # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
+    # BEGIN EXERCISE 15.2: least-loaded engine core — score 4 x waiting + running, skip the dead, lowest index on ties
     scores = [(WAITING_WEIGHT * w + r, i) for i, load in enumerate(loads) if load is not None for w, r in [load]]
     if not scores:
         raise EngineDeadError("no engine core is serving: all have died and none has restarted yet")
     return min(scores)[1]
+    # END EXERCISE
 
 
 @dataclass

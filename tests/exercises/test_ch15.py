@@ -15,8 +15,8 @@ import re
 from types import SimpleNamespace
 
 import pytest
-from pytest import approx
 import torch
+from pytest import approx
 
 from minillm import LLM, SamplingParams, default_model_path
 from minillm.course import use_impl
@@ -90,7 +90,9 @@ def test_the_model_built_stage_by_stage_with_your_split_gives_its_logits(impl):
                 assert isinstance(hidden, IntermediateTensors), "every stage but the last hands on hidden states"
         with torch.inference_mode():
             logits = stages[-1].compute_logits(hidden)
-        torch.testing.assert_close(logits, expected, msg=f"{size} stages run in turn must give the whole model's logits")
+        torch.testing.assert_close(
+            logits, expected, msg=f"{size} stages run in turn must give the whole model's logits"
+        )
 
 
 # --- 15.2: the least-loaded engine core -----------------------------------------------------------------------------
@@ -112,7 +114,9 @@ def test_the_least_loaded_engine_waiting_counting_four_times(impl):
 def test_random_loads_go_to_the_lowest_score(impl):
     rng = random.Random(0)
     for _ in range(500):
-        loads = [None if rng.random() < 0.2 else (rng.randrange(6), rng.randrange(20)) for _ in range(rng.randint(1, 6))]
+        loads = [
+            None if rng.random() < 0.2 else (rng.randrange(6), rng.randrange(20)) for _ in range(rng.randint(1, 6))
+        ]
         scores = [4 * load[0] + load[1] if load else None for load in loads]
         if all(s is None for s in scores):
             with pytest.raises(EngineDeadError):

@@ -54,7 +54,6 @@ class Engine:
     client: MPClient | None  # None while a replacement starts
     waiting: int = 0  # as its last step reported, plus requests sent since
     running: int = 0
-    restarts: int = 0
     receive: asyncio.Future | None = None  # its pending get_output
     requests: dict[str, "Sent"] = field(default_factory=dict)  # unfinished requests sent to it
 
@@ -200,7 +199,7 @@ class DPLBAsyncMPClient:
             restarted, self.restarted = self.restarted, []
         for index, client in restarted:
             engine = self.engines[index]
-            engine.client, engine.restarts = client, engine.restarts + 1
+            engine.client = client
             client.start(self.loop)
             logger.warning("engine core %d restarted: it serves again", index)
         self.joined.clear()

@@ -323,7 +323,7 @@ def sim_engine(w: Workload, manager=BlockManager) -> LLMEngine:
         new_token_ratio=w.new_token_ratio,
     )
     core = EngineCore.__new__(EngineCore)
-    core.config, core.requests, core.suspects = config, {}, deque()
+    core.config, core.requests, core.suspects, core.compiling = config, {}, deque(), {}
     core.model_runner = FakeRunner(w.block_size, w.faults, w.speculate)
     core.block_manager = manager(w.num_blocks, w.block_size, w.prefix_caching)
     core.scheduler = Scheduler(config, core.block_manager, eos_token_ids=[SIM_EOS])
@@ -331,7 +331,7 @@ def sim_engine(w: Workload, manager=BlockManager) -> LLMEngine:
     engine = LLMEngine.__new__(LLMEngine)
     engine.config, engine.tokenizer, engine.vocab_size, engine.engine_core = config, None, SIM_VOCAB, core
     engine.processor = Processor(config, Path("."), SimpleNamespace(vocab_size=SIM_VOCAB), None)
-    engine.seqs, engine.request_ids = {}, count()
+    engine.seqs, engine.request_ids, engine.logprobs = {}, count(), {}
     return engine
 
 

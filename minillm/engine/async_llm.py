@@ -15,7 +15,8 @@ from minillm.engine.core_client import ThreadedCoreClient, start_front_end
 from minillm.engine.exceptions import EngineDeadError, EngineError, QueueFullError
 from minillm.engine.llm_engine import LLMEngine
 from minillm.engine.messages import EngineCoreOutputs
-from minillm.engine.output_processor import DeltaOutput, RequestState, RequestStream
+from minillm.engine.output_processor import DeltaOutput, OutputCollector, RequestState, RequestStream
+from minillm.engine.parallel_sampling import child_requests
 from minillm.engine.processor import Processor
 from minillm.metrics.stats import IterationStats
 from minillm.sampling_params import SamplingParams
@@ -83,10 +84,13 @@ class AsyncLLM:
             )
         request = self.processor.process(str(next(self.request_ids)), prompt, sampling_params)
         self.start()
-        state = self.requests[request.request_id] = RequestState(request, self.tokenizer, stop)
-        self.num_waiting += 1
-        self.client.add_request(request)
-        return RequestStream(state, self.abort_threadsafe)
+        states, collector = [], OutputCollector()
+        for index, child in enumerate(child_requests(request)):  # n > 1: one engine-core request per answer
+            state = self.requests[child.request_id] = RequestState(child, self.tokenizer, stop, collector, index)
+            states.append(state)
+            self.num_waiting += 1
+            self.client.add_request(child)
+        return RequestStream(states, self.abort_threadsafe)
 
     async def generate(self, prompt: str | list[int], sampling_params: SamplingParams, stop=()):
         """Yield the request's outputs as the engine produces them (an async generator over add_request)."""

@@ -81,6 +81,7 @@ class BlockManager:
         self.hash_to_block_id: dict[int, int] = {}
         self.free_block_ids = FreeBlockQueue(range(num_blocks))  # oldest freed first: evicted first
         self.used_block_ids: set[int] = set()
+        self.copies: list[tuple[int, int]] = []  # copy_on_write's, for the next step (take_copies)
 
     @property
     def num_free_blocks(self) -> int:
@@ -200,13 +201,59 @@ class BlockManager:
         seq.block_table = [self._take_new().block_id for _ in range(self.num_blocks(num_tokens))]
 
     def can_append(self, seq: Sequence) -> bool:
-        """Are there blocks for seq's newest token (and the drafts after it), should they start new blocks?"""
-        return self.num_free_blocks >= self.num_blocks(len(seq) + len(seq.spec_token_ids)) - len(seq.block_table)
+        """Are there blocks for seq's newest token (and the drafts after it), should they start new blocks, or
+        should the block they go into be shared (a copy of it, chapter 16)?"""
+        new = self.num_blocks(len(seq) + len(seq.spec_token_ids)) - len(seq.block_table)
+        return self.num_free_blocks >= new + self.is_shared(seq, seq.num_computed_tokens)
 
     def may_append(self, seq: Sequence) -> None:
-        """Add blocks while seq's newest token (and the drafts after it) do not fit in the blocks it has."""
+        """Add blocks while seq's newest token (and the drafts after it) do not fit in the blocks it has; first copy
+        the block they are written into, if another sequence shares it (`copy_on_write`)."""
+        self.copy_on_write(seq, seq.num_computed_tokens)
         while len(seq) + len(seq.spec_token_ids) > len(seq.block_table) * self.block_size:
             seq.block_table.append(self._take_new().block_id)
+
+    def is_shared(self, seq: Sequence, position: int) -> bool:
+        """Is the block that holds seq's token at `position` used by another sequence too?"""
+        i = position // self.block_size
+        return i < len(seq.block_table) and self.blocks[seq.block_table[i]].ref_count > 1
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Parallel sampling (n > 1, chapter 16): child shares all of parent's blocks (its prompt's keys and values,
+        computed once); each is used by one more sequence."""
+        for block_id in parent.block_table:
+            self.blocks[block_id].ref_count += 1
+        child.block_table = list(parent.block_table)
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The block copies (source, destination) that copy_on_write decided since the last call: the model runner
+        makes them before the step writes."""
+        copies, self.copies = self.copies, []
+        return copies
+
+    def copy_on_write(self, seq: Sequence, position: int) -> None:
+        """Before a step writes seq's keys and values from `position` on: if the block holding `position` is shared
+        with another sequence (a fork's prompt, partly filled), give seq a copy of its own.
+
+        The block `i = position // self.block_size` of `seq.block_table` (if seq has one there) is shared when its
+        `ref_count` is above 1. Then: take a fresh block (`self._take_new()`, ref_count 1), give the shared one up
+        (`ref_count -= 1`: the others keep it; it is never freed here, as someone still uses it), put the new block's
+        id at place i of seq.block_table, and record the copy `(old_id, new_id)` in `self.copies`: the model runner
+        copies the keys and values before the step runs. A block used by seq alone is written in place: nothing.
+
+        Example, blocks of 4: a prompt of 6 tokens, blocks [3, 7], forked into two sequences (ref counts 2 and 2).
+        The first to decode writes position 6, in block 7 (shared): it gets block 0 (say), table [3, 0], copies
+        [(7, 0)], ref counts of 3 and 7 now 2 and 1. The second then writes in block 7 in place: nothing more.
+        """
+        # use_impl swaps this function for a student's: minillm calls it by name, never a kept reference
+        # BEGIN EXERCISE 16.3: copy-on-write — before writing into a shared block, give the sequence a copy of its own
+        i = position // self.block_size
+        if i < len(seq.block_table) and self.blocks[seq.block_table[i]].ref_count > 1:
+            old, new = self.blocks[seq.block_table[i]], self._take_new()
+            old.ref_count -= 1
+            seq.block_table[i] = new.block_id
+            self.copies.append((old.block_id, new.block_id))
+        # END EXERCISE
 
     def num_free_slots(self, seq: Sequence) -> int:
         """How many tokens seq could add: the free slots of its own blocks, and those of every free block."""

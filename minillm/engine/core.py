@@ -20,9 +20,11 @@ from pathlib import Path
 from msgspec.structs import replace
 
 from minillm.config import Config, ModelConfig
+from minillm.engine.admission import RequestAdmission
 from minillm.engine.block_manager import BlockManager
 from minillm.engine.messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from minillm.engine.model_runner import ModelRunner
+from minillm.engine.parallel_sampling import release_forks
 from minillm.engine.pipeline import collect, submit
 from minillm.engine.scheduler import Scheduler
 from minillm.engine.scheduler_output import SchedulerOutput
@@ -34,7 +36,7 @@ from minillm.utils.parallel import check_tensor_parallel, deferred_interrupt
 from minillm.utils.pipeline import check_pipeline_parallel
 
 
-class EngineCore:
+class EngineCore(RequestAdmission):
     workers = ()  # tensor- and pipeline-parallel worker processes (none for one process)
     closed: str | None = None  # why the core was closed, once it is
     _stop_workers = None  # the finalizer that stops the workers
@@ -42,7 +44,7 @@ class EngineCore:
 
     def __init__(self, config: Config, path: Path, eos_token_ids: list[int]):
         """config: resolved by the front end (max_model_len, dtype); path: the checkpoint directory."""
-        self.config, model_config = config, ModelConfig.from_pretrained(path)
+        self.config, self.path, model_config = config, path, ModelConfig.from_pretrained(path)
         group = pipe = None
         if config.tensor_parallel_size > 1:  # checked before any process starts
             check_tensor_parallel(model_config, config.tensor_parallel_size, config.device, config.enforce_eager)
@@ -65,12 +67,18 @@ class EngineCore:
         self.spec_stats = SpecDecodingStats()
         self.requests: dict[str, Sequence] = {}  # the unfinished ones, by request id
         self.suspects: deque[Sequence] = deque()  # requests of a failed step, each to be run alone once
+        self.model_runner.eos_token_ids = tuple(eos_token_ids)
+        self.compiling: dict[Sequence, object] = {}  # structured outputs: requests whose grammar compiles (a Future)
 
     def add_request(self, request: EngineCoreRequest) -> Sequence:
         """Queue a request the front end has checked; its Sequence (an in-process caller may watch it)."""
         seq = Sequence(request.prompt_token_ids, request.sampling_params, request.priority, request.request_id)
+        seq.fork_of = request.fork_of
         self.requests[seq.request_id] = seq
-        self.scheduler.add(seq)
+        if request.sampling_params.structured_outputs:  # compiled off the step's path; it waits until then
+            self.compiling[seq] = self.structured_output.grammar_init(request.sampling_params.structured_outputs)
+        else:
+            self.admit(seq)
         return seq
 
     def abort_requests(self, request_ids) -> None:
@@ -78,7 +86,14 @@ class EngineCore:
         for request_id in request_ids:
             if (seq := self.requests.pop(request_id, None)) is None:
                 continue
-            if seq in self.suspects:  # set aside, holding no blocks
+            release_forks(self.scheduler, seq)
+            parent = self.requests.get(seq.fork_of) if seq.fork_of else None
+            if seq in self.compiling or (parent and seq in parent.forks):  # not in the scheduler yet
+                self.compiling.pop(seq, None)
+                if parent and seq in parent.forks:
+                    parent.forks.remove(seq)
+                seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
+            elif seq in self.suspects:  # set aside, holding no blocks
                 self.suspects.remove(seq)
                 seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
             elif not seq.is_finished:  # (a step that finished it may have been interrupted before it said so)
@@ -94,10 +109,12 @@ class EngineCore:
         if self.closed:
             raise RuntimeError(f"this engine is closed ({self.closed}): create a new LLM")
         preemptions, spec = self.scheduler.num_preemptions, self.spec_stats.counts()
+        failed = self.admit_compiled()
         ran = self.run_alone(self.suspects.popleft()) if self.suspects else None
-        if ran is None:
+        if ran is None and (self.scheduler.waiting or self.scheduler.running or not failed):
             ran = self.run_step(self.scheduler) if self.batch_queue is None else self.step_with_batch_queue()
-        outputs, num_tokens = ran
+        outputs, num_tokens = ran or ([], 0)
+        outputs = failed + outputs
         spec = tuple(b - a for a, b in zip(spec, self.spec_stats.counts()))
         return EngineCoreOutputs(outputs, self.stats(self.scheduler.num_preemptions - preemptions, spec), num_tokens)
 
@@ -117,13 +134,17 @@ class EngineCore:
             assert seqs, "the scheduler planned an empty step although requests are unfinished"
             lengths, drafted = [len(seq) for seq in seqs], [len(seq.spec_token_ids) for seq in seqs]
             ran = self.model_runner.run(output)
+            forked = self.fork_children(seqs, ran.forked)
             updated = set(scheduler.update_from_output(output, ran.sampled_token_ids))
+            for seq, n in [(seq, n) for seq, n in zip(seqs, lengths) if seq in updated and seq.grammar]:
+                seq.grammar.accept_tokens(seq.token_ids[n:])  # structured outputs: the grammar follows the tokens
             if ran.draft_token_ids is not None:  # speculative decoding (chapter 13): count, and plan the next verify
                 appended = [len(seq) - n for seq, n in zip(seqs, lengths)]
                 self.spec_stats.observe(seqs, drafted, ran.sampled_token_ids, appended)
                 for seq, ids, q in zip(seqs, ran.draft_token_ids, ran.draft_probs or [None] * len(seqs)):
                     if seq.status == SequenceStatus.RUNNING:  # not finished: its next step verifies them
-                        seq.draft_token_ids, seq.spec_probs = ids, q
+                        ids = seq.grammar.validate_tokens(ids) if seq.grammar else ids  # drafts the grammar allows
+                        seq.draft_token_ids, seq.spec_probs = ids, q if q is None else q[: len(ids)]
         except BaseException as e:
             failed = [*scheduler.running, *scheduler.waiting] if output is None else output.scheduled
             scheduler.rollback(failed)
@@ -133,7 +154,13 @@ class EngineCore:
                 raise
             return self.isolate(scheduler, [seq for seq in failed if not seq.is_finished], e), 0
         now = time.perf_counter()
-        outputs = [self.output(seq, seq.token_ids[n:], now) for seq, n in zip(seqs, lengths) if seq in updated]
+        logprobs = ran.logprobs or [None] * len(seqs)
+        outputs = [
+            self.output(seq, seq.token_ids[n:], now, lp)
+            for seq, n, lp in zip(seqs, lengths, logprobs)
+            if seq in updated
+        ]
+        outputs += [self.output(child, child.token_ids[-1:], now, lp) for child, lp in forked]
         return outputs, output.total_num_scheduled_tokens
 
     def step_with_batch_queue(self) -> tuple[list[EngineCoreOutput], int]:
@@ -217,14 +244,16 @@ class EngineCore:
         now = time.perf_counter()
         return [replace(self.output(seq, [], now), error=f"{type(error).__name__}: {error}") for seq in seqs]
 
-    def output(self, seq: Sequence, new_token_ids: list[int], now: float) -> EngineCoreOutput:
-        """What the step did for seq; a finished request leaves the core."""
+    def output(self, seq: Sequence, new_token_ids: list[int], now: float, logprobs=None) -> EngineCoreOutput:
+        """What the step did for seq (with its new tokens' logprobs, if asked); a finished request leaves the core."""
         seq.stamp(now)
         if seq.is_finished:
             self.requests.pop(seq.request_id, None)
+            release_forks(self.scheduler, seq)
         first = seq.num_completion_tokens == len(new_token_ids)
         cached = (seq.num_prompt_cached_tokens or 0) if first else 0
-        return EngineCoreOutput(seq.request_id, new_token_ids, seq.finish_reason, cached)
+        logprobs = logprobs[: len(new_token_ids)] if logprobs else None  # none for tokens dropped after a finish
+        return EngineCoreOutput(seq.request_id, new_token_ids, seq.finish_reason, cached, new_logprobs=logprobs)
 
     def stop_if_lost(self, error: BaseException) -> None:
         """After a failed step: if a worker died, a pipeline-parallel step failed (its stages out of step, batches

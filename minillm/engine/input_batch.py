@@ -28,6 +28,7 @@ class StepInputs:
     logits_indices: list[int] | None = None
     context_lens: list[int] | None = None  # decode, and the decode rows of a mixed step
     num_decodes: int = 0  # a prefill whose first rows are this many sequences of one new token (a mixed step)
+    blocks_to_copy: list[tuple[int, int]] | None = None  # copy-on-write (chapter 16): before the step writes
 
 
 def decode_rows(config: Config) -> int:

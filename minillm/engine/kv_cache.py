@@ -75,6 +75,14 @@ def allocate_int8_kv_cache(
     return cache, scales
 
 
+def copy_blocks(caches: list[torch.Tensor | None], pairs: list[tuple[int, int]]) -> None:
+    """Copy-on-write (chapter 16): each (source, destination) block's keys and values (and int8 scales), every
+    layer, in one indexed copy per tensor; caches are [2, layers, blocks, ...] tensors (None: no such tensor)."""
+    src, dst = (list(x) for x in zip(*pairs))
+    for cache in filter(lambda c: c is not None, caches):
+        cache[:, :, dst] = cache[:, :, src]
+
+
 @contextmanager
 def temporary_kv_cache(model: torch.nn.Module, num_blocks: int, block_size: int, kv_cache_dtype: str = "auto"):
     """A fresh cache on model's layers inside a `with` (an int8 one, scales and all, with kv_cache_dtype "int8");

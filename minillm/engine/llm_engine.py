@@ -5,7 +5,7 @@ driven by hand: `llm.scheduler`, `llm.block_manager`, `llm.model_runner`."""
 
 import json
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from itertools import count
 from pathlib import Path
 from typing import Iterator
@@ -16,18 +16,34 @@ from minillm.config import Config, ModelConfig, default_model_path, resolve_dtyp
 from minillm.engine.core import EngineCore
 from minillm.engine.exceptions import EngineError
 from minillm.engine.messages import EngineCoreRequest
+from minillm.engine.output_processor import decode_logprobs
+from minillm.engine.parallel_sampling import child_requests, split_request_id
 from minillm.engine.processor import Processor
 from minillm.engine.sequence import Sequence
+from minillm.logprobs import SampleLogprobs
 from minillm.sampling_params import SamplingParams
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 from minillm.utils.loader import resolve_model_path
 
 
 @dataclass
+class CompletionOutput:
+    """One answer to a request (vLLM's name): n > 1 gives n of them (chapter 16); logprobs, if asked, one
+    {token id: Logprob} per token, the chosen token first."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    logprobs: SampleLogprobs | None = None
+
+
+@dataclass
 class RequestOutput:
     """One finished request: its text and tokens, why it stopped, how many prompt tokens came from the
     prefix cache, and when (time.perf_counter seconds); with speculative decoding, how many draft tokens were
-    verified for it and how many of them kept."""
+    verified for it and how many of them kept. `outputs` holds each of its n answers (chapter 16); the fields
+    text, token_ids, finish_reason and logprobs are the first's."""
 
     prompt_token_ids: list[int]
     token_ids: list[int]
@@ -39,6 +55,8 @@ class RequestOutput:
     finish_time: float
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    logprobs: SampleLogprobs | None = None
 
 
 @dataclass
@@ -89,6 +107,7 @@ class LLMEngine:
         self.engine_core = EngineCore(self.config, path, eos_token_ids(path, model_config, self.tokenizer))
         self.processor.num_kvcache_blocks = self.engine_core.model_runner.num_kvcache_blocks
         self.seqs: dict[str, Sequence] = {}  # this front end's unfinished requests, by request id
+        self.logprobs: dict[Sequence, list] = {}  # the new tokens' logprobs of requests that ask for them
         self.request_ids = count()
 
     # the engine core's pieces, in this process: to watch and to drive by hand (notebooks, tests)
@@ -120,6 +139,8 @@ class LLMEngine:
         out = self.engine_core.step()
         updated = [self.seqs[o.request_id] for o in out.outputs if o.request_id in self.seqs]
         for o in out.outputs:
+            if o.new_logprobs and o.request_id in self.seqs:
+                self.logprobs.setdefault(self.seqs[o.request_id], []).extend(o.new_logprobs)
             if o.finished:
                 self.seqs.pop(o.request_id, None)
             if o.error:
@@ -161,7 +182,8 @@ class LLMEngine:
                 requests.append(self.processor.process(str(next(self.request_ids)), prompt, sp, prio))
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}") from None
-        return [self.queue(request) for request in requests]
+        # a request with n > 1 runs as n (chapter 16): its answers are its seqs' next n entries
+        return [self.queue(child) for request in requests for child in child_requests(request)]
 
     def stream(self, prompts, sampling_params=None, priorities=None) -> Iterator[StreamOutput]:
         """Yield each request's text as it is produced (incrementally detokenized). Closing the stream early
@@ -185,6 +207,7 @@ class LLMEngine:
         finally:
             for seq in seqs:
                 self.abort_request(seq)
+                self.logprobs.pop(seq, None)
 
     def generate(self, prompts, sampling_params=None, priorities=None, use_tqdm: bool = True) -> list[RequestOutput]:
         """Run prompts (strings or token-id lists) to completion; one output per prompt, in order. On an
@@ -200,22 +223,41 @@ class LLMEngine:
         finally:
             for seq in seqs:
                 self.abort_request(seq)
+            logprobs = {seq: self.logprobs.pop(seq, []) for seq in seqs}
         decode = self.tokenizer.decode if self.tokenizer is not None else lambda ids, skip: ""
-        return [
-            RequestOutput(
-                seq.token_ids[: seq.num_prompt_tokens],
-                seq.completion_token_ids,
+        answers = [
+            CompletionOutput(
+                i,
                 decode(seq.completion_token_ids, seq.sampling_params.skip_special_tokens),
+                seq.completion_token_ids,
                 seq.finish_reason,
-                seq.num_prompt_cached_tokens,
-                seq.arrival_time,
-                seq.first_token_time,
-                seq.finish_time,
-                seq.num_draft_tokens,
-                seq.num_accepted_tokens,
+                decode_logprobs(logprobs[seq], self.tokenizer) if seq.sampling_params.logprobs is not None else None,
             )
             for seq in seqs
+            for i in [split_request_id(seq.request_id, seq.sampling_params.n)[0]]
         ]
+        outputs, start = [], 0
+        while start < len(seqs):
+            seq, n = seqs[start], seqs[start].sampling_params.n
+            first = answers[start]
+            outputs.append(
+                RequestOutput(
+                    seq.token_ids[: seq.num_prompt_tokens],
+                    first.token_ids,
+                    first.text,
+                    first.finish_reason,
+                    seq.num_prompt_cached_tokens,
+                    seq.arrival_time,
+                    seq.first_token_time,
+                    max(s.finish_time for s in seqs[start : start + n]),
+                    seq.num_draft_tokens,
+                    seq.num_accepted_tokens,
+                    answers[start : start + n],
+                    first.logprobs,
+                )
+            )
+            start += n
+        return outputs
 
 
 def eos_token_ids(path: Path, model_config: ModelConfig, tokenizer: Tokenizer | None) -> list[int]:

@@ -15,6 +15,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     priority: int = 0
+    fork_of: str | None = None  # n > 1 (chapter 16): the sibling whose prompt it shares, if still to be computed
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -27,6 +28,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     finish_reason: str | None = None
     num_cached_tokens: int = 0
     error: str | None = None
+    new_logprobs: list | None = None  # per new token: (token ids, logprobs, rank of the first), if asked (chapter 16)
 
     @property
     def finished(self) -> bool:

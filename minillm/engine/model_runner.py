@@ -20,13 +20,16 @@ from minillm.engine.kv_budget import kv_cache_budget
 from minillm.engine.kv_cache import (
     allocate_int8_kv_cache,
     allocate_kv_cache,
+    copy_blocks,
     kv_cache_bytes_per_token,
     kv_cache_int8_bytes_per_token,
 )
 from minillm.engine.pipeline import stage_loop
+from minillm.engine.sample_step import sample_step
 from minillm.engine.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from minillm.engine.sequence import Sequence
 from minillm.layers.attention.paged_attention import slot_mapping_for
+from minillm.layers.logits_processors import LogitsProcessors
 from minillm.layers.rejection_sampler import RejectionSampler
 from minillm.layers.sampler import Sampler, SamplingMetadata
 from minillm.models import build_model
@@ -41,6 +44,8 @@ from minillm.utils.pipeline import IntermediateTensors, PipelineGroup, StageReco
 class ModelRunner:
     # pipeline parallelism, rank 0: set to [] to record every stage's forward passes (StageRecords) into it
     timeline: list[StageRecord] | None = None
+    eos_token_ids: tuple[int, ...] = ()  # set by the engine core: what min_tokens holds back (chapter 16)
+    structured_output = None  # the engine core's StructuredOutputManager, once a request needs a grammar
 
     def __init__(
         self,
@@ -187,10 +192,13 @@ class ModelRunner:
             if seq.generator is None and seq.sampling_params.seed is not None:
                 seq.generator = torch.Generator(self.device).manual_seed(seq.sampling_params.seed)
         rows = [1 + len(seq.spec_token_ids) if rows_per_draft else 1 for seq in seqs]
+        vocab = self.model.config.vocab_size  # penalties, bias and bans (chapter 16): not with drafts (refused)
+        processors = None if rows_per_draft else LogitsProcessors.build(seqs, vocab, self.eos_token_ids, self.device)
         return SamplingMetadata.build(
             [seq.sampling_params for seq, n in zip(seqs, rows) for _ in range(n)],
             [seq.generator for seq, n in zip(seqs, rows) for _ in range(n)],
             self.device,
+            processors,
         )
 
     @torch.inference_mode()
@@ -215,6 +223,8 @@ class ModelRunner:
         """Load a step's inputs and run the forward pass: the logits of its sampled rows (None on the tensor-parallel
         ranks > 0; a pipeline stage's IntermediateTensors before the last stage)."""
         bucket = None if inputs.is_prefill or self.graphs is None else self.graphs.bucket_for(len(inputs.input_ids))
+        if inputs.blocks_to_copy:  # copy-on-write: shared blocks this step writes into get copies first
+            copy_blocks([self.kv_cache, getattr(self, "kv_scales", None)], inputs.blocks_to_copy)
         ctx = self.load(inputs, bucket)
         set_context(ctx)
         try:
@@ -238,6 +248,9 @@ class ModelRunner:
         batch = sorted((seq for seq in output.scheduled if seq.decodes_this_step), key=len)
         batch += [seq for seq in output.scheduled if not seq.decodes_this_step]
         inputs = (self.prepare_prefill if output.is_prefill else self.prepare_decode)(batch)
+        inputs.blocks_to_copy = output.blocks_to_copy or None
+        if inputs.blocks_to_copy and (draft := getattr(self.drafter, "runner", None)):  # its cache has the same blocks
+            copy_blocks([draft.kv_cache, getattr(draft, "kv_scales", None)], inputs.blocks_to_copy)
         return [seq for seq in batch if seq.samples_this_step], inputs
 
     def forward(self, inputs: StepInputs) -> torch.Tensor | IntermediateTensors:
@@ -253,20 +266,8 @@ class ModelRunner:
             raise
 
     def sample(self, seqs: list[Sequence], sampled: list[Sequence], logits: torch.Tensor | None) -> ModelRunnerOutput:
-        """The tokens of a step that ran over `seqs`, from the logits of the rows of `sampled`."""
-        with compiled_layers(self.compile_layers):
-            if any(seq.spec_token_ids for seq in sampled):  # verify drafts
-                md = self.prepare_sample(sampled, rows_per_draft=True)
-                drafts, probs = [seq.spec_token_ids for seq in sampled], [seq.spec_probs for seq in sampled]
-                tokens = self.rejection_sampler(logits, drafts, probs, md)
-            else:
-                tokens = [[t] for t in self.sampler(logits, self.prepare_sample(sampled)).tolist()] if sampled else []
-        tokens = dict(zip(sampled, tokens))
-        new_token_ids = [tokens.get(seq, []) for seq in seqs]
-        if self.drafter is None:
-            return ModelRunnerOutput(new_token_ids)
-        with cpu_threads(self.platform.threads), compiled_layers(self.compile_layers):
-            return ModelRunnerOutput(new_token_ids, *self.propose(seqs, new_token_ids))
+        """The tokens of a step that ran over `seqs`, from the logits of the rows of `sampled` (`sample_step`)."""
+        return sample_step(self, seqs, sampled, logits)
 
     def propose(self, seqs: list[Sequence], new_token_ids: list[list[int]]):
         """Speculative decoding (chapter 13), right after sampling: the drafter's guesses of what follows each

@@ -9,21 +9,41 @@ from dataclasses import dataclass
 from typing import Callable
 
 from minillm.engine.messages import EngineCoreOutput, EngineCoreRequest
+from minillm.logprobs import Logprob
 from minillm.metrics.stats import IterationStats
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 @dataclass
 class DeltaOutput:
-    """What one step added to a request: its new text and token ids; on the last one, why it finished."""
+    """What one step added to a request: its new text and token ids; on the last one, why it finished. With n > 1
+    (chapter 16), `index` says which of the n answers it continues; with logprobs, one mapping per new token."""
 
     text: str
     token_ids: list[int]
     finish_reason: str | None = None  # "stop" (EOS, a stop token or a stop string) or "length", on the last output
+    index: int = 0
+    logprobs: list[dict[int, Logprob]] | None = None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def __add__(self, later: "DeltaOutput") -> "DeltaOutput":
+        """This output and a later one of the same answer, as one."""
+        logprobs = None if self.logprobs is None else self.logprobs + (later.logprobs or [])
+        text, ids = self.text + later.text, self.token_ids + later.token_ids
+        return DeltaOutput(text, ids, later.finish_reason, self.index, logprobs)
+
+
+def decode_logprobs(entries: list, tokenizer: Tokenizer | None) -> list[dict[int, Logprob]]:
+    """The engine core's (ids, logprobs, rank) per token as one {token id: Logprob} per token, the chosen token
+    first, each with its text."""
+    text = (lambda i: tokenizer.decode([i], False)) if tokenizer else (lambda i: None)
+    return [
+        {i: Logprob(lp, rank if j == 0 else j, text(i)) for j, (i, lp) in enumerate(zip(ids, lps))}
+        for ids, lps, rank in entries
+    ]
 
 
 def find_stop_string(text: str, stop: tuple[str, ...], start: int) -> int:
@@ -33,25 +53,32 @@ def find_stop_string(text: str, stop: tuple[str, ...], start: int) -> int:
 
 class OutputCollector:
     """A request's outputs between the front end and its reader (vLLM's RequestOutputCollector). Outputs the reader
-    has not taken yet are merged into one, so a slow reader costs the text it has not read, not an object a step."""
+    has not taken yet are merged into one per answer (index), so a slow reader costs the text it has not read, not
+    an object a step. An error is final."""
 
     def __init__(self):
-        self.pending: DeltaOutput | BaseException | None = None
+        self.pending: dict[int, DeltaOutput] | BaseException = {}
         self.ready = asyncio.Event()
 
     def put(self, item: DeltaOutput | BaseException) -> None:
-        pending = self.pending
-        if isinstance(item, DeltaOutput) and isinstance(pending, DeltaOutput):
-            item = DeltaOutput(pending.text + item.text, pending.token_ids + item.token_ids, item.finish_reason)
-        elif isinstance(pending, BaseException):
+        if isinstance(self.pending, BaseException):
             return  # an error (or the end of an aborted request) is final
-        self.pending = item
+        if isinstance(item, DeltaOutput):
+            earlier = self.pending.get(item.index)
+            self.pending[item.index] = item if earlier is None else earlier + item
+        else:
+            self.pending = item
         self.ready.set()
 
-    async def get(self) -> DeltaOutput | BaseException:
+    async def get(self) -> DeltaOutput | BaseException | None:
+        """The oldest answer's pending output (or the error)."""
         await self.ready.wait()
-        item, self.pending = self.pending, None
-        self.ready.clear()
+        if isinstance(self.pending, BaseException):
+            item, self.pending = self.pending, {}
+        else:  # (nothing, when woken by an abort)
+            item = self.pending.pop(next(iter(self.pending))) if self.pending else None
+        if not self.pending:
+            self.ready.clear()
         return item
 
 
@@ -62,13 +89,21 @@ class RequestState:
     the start of one, so that a stop string split across tokens never reaches the client; once one appears, the
     text is cut before it and the request finishes with "stop" (vLLM's convention: the stop string is left out)."""
 
-    def __init__(self, request: EngineCoreRequest, tokenizer: Tokenizer | None, stop: tuple[str, ...]):
-        self.request_id, self.stop = request.request_id, stop
+    def __init__(
+        self,
+        request: EngineCoreRequest,
+        tokenizer: Tokenizer | None,
+        stop: tuple[str, ...],
+        collector: OutputCollector | None = None,
+        index: int = 0,
+    ):
+        """collector: shared by the n answers of a request with n > 1, of which this is answer `index`."""
+        self.request_id, self.stop, self.index, self.tokenizer = request.request_id, stop, index, tokenizer
         self.prompt_token_ids = request.prompt_token_ids
         self.hold = max(map(len, stop), default=1) - 1
         skip = request.sampling_params.skip_special_tokens
         self.detokenizer = IncrementalDetokenizer(tokenizer, request.prompt_token_ids, skip) if tokenizer else None
-        self.collector = OutputCollector()
+        self.collector = collector or OutputCollector()
         self.num_sent_chars = 0
         self.waiting = True  # counted in AsyncLLM's queue until its first token (or its end)
         self.arrival_time = time.perf_counter()
@@ -98,16 +133,20 @@ class RequestState:
             text, self.num_sent_chars = text[self.num_sent_chars : end], end
         if finish_reason:
             stats.e2e_latencies.append(now - self.arrival_time)
-        return DeltaOutput(text, output.new_token_ids, finish_reason)
+        logprobs = decode_logprobs(output.new_logprobs, self.tokenizer) if output.new_logprobs else None
+        return DeltaOutput(text, output.new_token_ids, finish_reason, self.index, logprobs)
 
 
 class RequestStream:
-    """The outputs of one request, as an async iterator of DeltaOutput. Leaving it early (aclose(), abort(), a
-    cancelled consumer task, or dropping it) calls `abort`, which stops the request and frees its KV blocks."""
+    """The outputs of one request (of its n answers, chapter 16), as an async iterator of DeltaOutput. Leaving it
+    early (aclose(), abort(), a cancelled consumer task, or dropping it) calls `abort` for each answer, which stops
+    it and frees its KV blocks."""
 
-    def __init__(self, state: RequestState, abort: Callable[[str], None]):
-        self._state, self._abort_request = state, abort
-        self.prompt_token_ids = state.prompt_token_ids
+    def __init__(self, states: list[RequestState], abort: Callable[[str], None]):
+        self._states, self._abort_request = states, abort
+        self._collector = states[0].collector
+        self.prompt_token_ids = states[0].prompt_token_ids
+        self.unfinished = {state.index for state in states}
         self.finished = False
 
     def __aiter__(self):
@@ -117,7 +156,7 @@ class RequestStream:
         if self.finished:
             raise StopAsyncIteration
         try:
-            item = await self._state.collector.get()
+            item = await self._collector.get()
         except BaseException:  # cancelled while waiting
             self.abort()
             raise
@@ -126,15 +165,18 @@ class RequestStream:
         if isinstance(item, BaseException):
             self.finished = True
             raise item
-        self.finished = item.finished
+        if item.finished:
+            self.unfinished.discard(item.index)
+        self.finished = not self.unfinished
         return item
 
     def abort(self) -> None:
         """Stop the request if it is unfinished: it yields nothing more (a consumer waiting for it stops too)."""
         if not self.finished:
             self.finished = True
-            self._abort_request(self._state.request_id)
-            self._state.collector.ready.set()
+            for state in self._states:
+                self._abort_request(state.request_id)
+            self._collector.ready.set()
 
     async def aclose(self) -> None:
         self.abort()
@@ -142,4 +184,5 @@ class RequestStream:
     def __del__(self):  # dropped unfinished, by whatever thread collects it: nobody waits for it
         if not self.finished:
             self.finished = True
-            self._abort_request(self._state.request_id)
+            for state in self._states:
+                self._abort_request(state.request_id)

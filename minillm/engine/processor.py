@@ -4,6 +4,7 @@ to fit is refused on its characters, before any tokenizing; every refusal is a V
 the fix."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import jinja2
@@ -47,6 +48,7 @@ class Processor:
         bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < self.vocab_size)]
         if bad:
             raise ValueError(f"unknown token ids {bad[:5]}: ids must be integers in [0, {self.vocab_size})")
+        sampling_params = self.check_chapter_16(sampling_params)
         if sampling_params.top_k > self.vocab_size:
             raise ValueError(
                 f"top_k must be at most the vocabulary's {self.vocab_size} tokens (or -1 / 0: no limit), "
@@ -66,6 +68,48 @@ class Processor:
                 "max_tokens"
             )
         return EngineCoreRequest(request_id, ids, sampling_params, priority)
+
+    def check_chapter_16(self, sp: SamplingParams) -> SamplingParams:
+        """The rest of the sampling API (chapter 16), checked against this engine: token ids within the vocabulary,
+        bad words as token ids (vLLM's way: each word alone and after a space), a grammar that compiles, and what
+        this engine cannot combine refused, naming the setting to change."""
+        if bad := [t for t in sp.logit_bias or {} if t >= self.vocab_size]:
+            raise ValueError(
+                f"logit_bias has unknown token ids {bad[:5]}: ids must be integers in [0, {self.vocab_size})"
+            )
+        if sp.bad_words:
+            if self.tokenizer is None:
+                raise ValueError("bad_words need the tokenizer, and this engine has none (skip_tokenizer_init=True)")
+            words = {
+                tuple(self.tokenizer.encode(p + w.strip(), add_special_tokens=False))
+                for w in sp.bad_words
+                for p in ("", " ")
+            }
+            sp = replace(sp, bad_words_token_ids=tuple(sorted(w for w in words if w)))
+        if sp.structured_outputs is not None:
+            if self.tokenizer is None:
+                raise ValueError(
+                    "structured_outputs need the tokenizer, and this engine has none (skip_tokenizer_init=True)"
+                )
+            from minillm.structured_output import validate_structured_outputs
+
+            validate_structured_outputs(sp.structured_outputs)
+        if self.config.speculative_config and sp.needs_penalties:
+            raise ValueError(
+                "penalties, logit_bias, min_tokens and bad_words are not applied with speculative decoding here: drop "
+                "them, or create the LLM without speculative_config"
+            )
+        pp = self.config.pipeline_parallel_size > 1
+        if pp and (sp.n > 1 or sp.logprobs is not None or sp.structured_outputs is not None):
+            raise ValueError(
+                "n > 1, logprobs and structured_outputs are not supported with pipeline_parallel_size > 1: drop them, "
+                "or use tensor_parallel_size"
+            )
+        if sp.prompt_logprobs is not None:
+            raise ValueError(
+                "prompt_logprobs is not supported yet: ask for logprobs of the generated tokens (logprobs=k)"
+            )
+        return sp
 
     def default_sampling_params(self) -> SamplingParams:
         """As vLLM: SamplingParams' defaults, overridden by the sampling fields of the checkpoint's

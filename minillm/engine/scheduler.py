@@ -62,7 +62,7 @@ class Scheduler(RequestQueues):
         for seq in [s for s in decodes + chunks + new if s.samples_this_step] if self.num_lookahead_tokens else []:
             # chapter 13: blocks, as many as are free, for the keys and values a draft model writes past the step
             self.block_manager.append_free(seq, len(seq) + len(seq.spec_token_ids) + self.num_lookahead_tokens)
-        return SchedulerOutput(new, decodes + chunks)
+        return SchedulerOutput(new, decodes + chunks, self.block_manager.take_copies())
 
     def has_prompt_work(self) -> bool:
         """Whether a prompt chunk could run now (with mixed_steps=False such a step comes before any decode)."""

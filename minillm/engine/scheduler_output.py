@@ -16,6 +16,8 @@ class SchedulerOutput:
 
     scheduled_new_reqs: list[Sequence]
     scheduled_cached_reqs: list[Sequence]
+    # (source, destination) blocks whose keys and values the runner copies before the step (copy-on-write, chapter 16)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
     # whether the step computes prompt tokens (the runner then packs it as a prefill, decode rows first) rather than
     # only each request's newest token and its drafts; fixed when the plan is made, as the step changes the requests
     is_prefill: bool = field(init=False)
@@ -51,3 +53,7 @@ class ModelRunnerOutput:
     sampled_token_ids: list[list[int]]
     draft_token_ids: list[list[int]] | None = None
     draft_probs: list[torch.Tensor | None] | None = None
+    # chapter 16: per scheduled sequence, the logprobs of its new tokens (None where not asked: see sample_step);
+    # and (child, first token, its logprobs) for each child (n > 1) of a request whose prompt just ended
+    logprobs: list[list | None] | None = None
+    forked: list[tuple[Sequence, int, list | None]] = field(default_factory=list)

@@ -48,6 +48,11 @@ class Sequence:
         self.generator: torch.Generator | None = None  # made from sampling_params.seed when first sampled
         self.finish_reason: str | None = None  # "stop" (EOS or a stop token), "length" (max_tokens) or "abort"
         self.arrival_time, self.first_token_time, self.finish_time = time.perf_counter(), None, None
+        self.fork_of: str | None = None  # n > 1: the request id of the sibling whose prompt it shares
+        # chapter 16: requests with n > 1 waiting for this one's prompt, to share its blocks (parallel_sampling.py);
+        # the grammar its tokens must follow (structured outputs), once compiled
+        self.forks: list[Sequence] = []
+        self.grammar = None
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from minillm.layers.logits_processors import LogitsProcessors
 from minillm.sampling_params import SamplingParams
 from minillm.utils.compile import hot
 
@@ -51,10 +52,16 @@ class SamplingMetadata:
     top_k: torch.Tensor | None = None  # [len(truncated_rows)]
     top_p: torch.Tensor | None = None
     generators: dict[int, torch.Generator] = field(default_factory=dict)  # row -> a seeded request's generator
+    min_p: torch.Tensor | None = None  # [B]; None if no row asks for it (chapter 16)
+    processors: LogitsProcessors | None = None  # penalties, logit bias, bans (chapter 16); None if no row has any
 
     @classmethod
     def build(
-        cls, params: list[SamplingParams], generators: list[torch.Generator | None], device: torch.device | str = "cpu"
+        cls,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+        device: torch.device | str = "cpu",
+        processors: LogitsProcessors | None = None,
     ) -> "SamplingMetadata":
         rows = [i for i, p in enumerate(params) if p.temperature > 0 and (p.top_k > 0 or p.top_p < 1)]
         tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=device)
@@ -65,12 +72,17 @@ class SamplingMetadata:
             top_k=tensor([params[i].top_k for i in rows], torch.long) if rows else None,
             top_p=tensor([params[i].top_p for i in rows], torch.float) if rows else None,
             generators={i: g for i, g in enumerate(generators) if g is not None and params[i].temperature > 0},
+            min_p=tensor([p.min_p for p in params], torch.float) if any(p.min_p for p in params) else None,
+            processors=processors,
         )
 
 
 def sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     """Pick one token per row of logits [B, V]: argmax where temperature is 0, otherwise a draw from the
-    tempered, truncated distribution (`draw`)."""
+    tempered, truncated distribution (`draw`). Rows with logits processors (penalties, bias, bans) are processed
+    first, greedy ones too."""
+    if md.processors is not None:
+        logits = md.processors.apply(logits)
     greedy = logits.argmax(dim=-1)
     if md.all_greedy:
         return greedy
@@ -91,8 +103,11 @@ def draw(probs: torch.Tensor, md: SamplingMetadata, greedy: torch.Tensor) -> tor
 
 def probabilities(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     """Each row's distribution to draw from: softmax of the logits over the row's temperature (1 for greedy rows),
-    after top-k/top-p truncation; float32 [B, V]."""
+    after min-p (drop tokens less likely than min_p times the likeliest) and top-k/top-p truncation; float32 [B, V]."""
     logits = logits.float() / torch.where(md.temperatures > 0, md.temperatures, 1.0)[:, None]
+    if md.min_p is not None:  # p < min_p * p_max  <=>  logit < max_logit + log(min_p); min_p = 0 drops nothing
+        floor = logits.max(dim=-1, keepdim=True).values + md.min_p.log()[:, None]
+        logits = logits.masked_fill(logits < floor, float("-inf"))
     if md.truncated_rows is not None:
         logits[md.truncated_rows] = hot(apply_top_k_top_p)(logits[md.truncated_rows], md.top_k, md.top_p)
     return logits.softmax(dim=-1)

@@ -13,6 +13,7 @@ python -m minillm.bench serve --launch minillm,vllm   # online over HTTP, both s
 python -m minillm.bench spec --workload rewrite --model ID   # speculative decoding against none, by batch size
 python -m minillm.bench quant --random-size 100m --peer llama-cpp  # fp32, int8, GGUF blocks: decode and quality
 python -m minillm.bench autotune --goodput ttft:2000 tpot:50  # the server flags with the best goodput (autotune -h)
+python -m minillm.bench structured --model ID             # guided JSON: valid share and throughput against unguided
 """
 
 import argparse
@@ -453,7 +454,8 @@ def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark; print the tables, write the JSON record (and the plot); return the record.
     `serve ...` runs the online benchmark over HTTP instead (minillm.bench.serve), `spec ...` speculative decoding
     against the plain engine (minillm.bench.spec), `quant ...` quantized weights against fp32 (minillm.bench.quant),
-    `autotune ...` searches the server's flags for the best goodput (minillm.bench.autotune)."""
+    `autotune ...` searches the server's flags for the best goodput (minillm.bench.autotune), `structured ...` guided
+    JSON against unguided (minillm.bench.structured)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:
         from minillm.bench import serve
@@ -471,6 +473,10 @@ def main(argv: list[str] | None = None) -> dict:
         from minillm.bench import autotune
 
         return autotune.main(argv[1:])
+    if argv[:1] == ["structured"]:
+        from minillm.bench import structured
+
+        return structured.main(argv[1:])
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

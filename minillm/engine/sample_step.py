@@ -65,18 +65,16 @@ def mask_rows(runner, logits: torch.Tensor, sampled: list[Sequence], starts: lis
     grammar when they were proposed), then the grammar is rolled back."""
     from minillm.structured_output import apply_bitmask_inplace
 
-    rows = [(seq, start) for seq, start in zip(sampled, starts) if seq.grammar]
-    num = sum(1 + len(seq.spec_token_ids) for seq, _ in rows)
-    bitmask, indices = runner.structured_output.allocate_bitmask(num), []
-    for seq, start in rows:
+    bitmask, indices = runner.structured_output.allocate_bitmask(logits.shape[0]), []  # bitmask row r: logits row r
+    for seq, start in [(seq, start) for seq, start in zip(sampled, starts) if seq.grammar]:
         grammar, drafts = seq.grammar, seq.spec_token_ids
         for j in range(len(drafts) + 1):
-            grammar.fill_bitmask(bitmask, len(indices))
+            grammar.fill_bitmask(bitmask, start + j)
             indices.append(start + j)
             if j < len(drafts):
                 grammar.accept_tokens([drafts[j]])
         grammar.rollback(len(drafts))
-    apply_bitmask_inplace(logits, bitmask.to(logits.device), indices)
+    apply_bitmask_inplace(logits, bitmask, indices)
 
 
 def token_logprobs(raw: torch.Tensor, start: int, token_ids: list[int], seq: Sequence) -> list | None:

@@ -2,6 +2,7 @@
 same weights; n > 1 answers share the prompt's blocks (held once, copied on write); penalties, logit_bias, min_p,
 min_tokens and bad_words do what a reference does; bad values are refused naming the field."""
 
+import asyncio
 import math
 
 import pytest
@@ -203,3 +204,30 @@ def test_what_the_engine_cannot_check_alone_is_refused_before_any_work(llm):
     with pytest.raises(ValueError, match=r"logit_bias has unknown token ids \[99999\]"):
         llm.generate([PROMPT], SamplingParams(logit_bias={99999: 1.0}), use_tqdm=False)
     assert llm.is_finished()
+
+
+def test_the_async_front_end_streams_n_answers_with_their_logprobs():
+    from minillm.engine.async_llm import AsyncLLM
+
+    llm = LLM(num_kvcache_blocks=64, kvcache_block_size=16)
+    sp = SamplingParams(temperature=1.0, max_tokens=12, n=3, seed=4, logprobs=2)
+    reference = llm.generate([PROMPT], sp, use_tqdm=False)[0]
+
+    async def main():
+        async with AsyncLLM(llm) as async_llm:
+            answers = {}
+            async for delta in await async_llm.add_request(PROMPT, sp):
+                got = answers.setdefault(delta.index, {"ids": [], "logprobs": [], "end": None})
+                got["ids"] += delta.token_ids
+                got["logprobs"] += delta.logprobs
+                got["end"] = delta.finish_reason
+            left = await async_llm.run_in_engine(lambda core: (core.block_manager.num_free_blocks, not core.requests))
+            return answers, left
+
+    answers, left = asyncio.run(main())
+    assert sorted(answers) == [0, 1, 2] and left == (64, True)
+    for out in reference.outputs:
+        got = answers[out.index]
+        assert got["ids"] == out.token_ids and got["end"] == out.finish_reason
+        assert [list(e) for e in got["logprobs"]] == [list(e) for e in out.logprobs]
+        assert all(len(e) in (2, 3) for e in got["logprobs"])  # the chosen token and the top 2 (it may be one of them)

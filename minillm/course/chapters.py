@@ -24,6 +24,7 @@ CHAPTERS = {
     "13": "speculative_decoding",
     "14": "quantization",
     "15": "scaling_out",
+    "16": "structured_outputs",
 }
 
 

@@ -12,6 +12,7 @@ PIECES = [
     (0, "embedding\nid → vector", "02"),
     (0, "transformer layers\nRMSNorm · RoPE\nGQA attention · SwiGLU", "03"),
     (0, "LM head\nvector → logits", "02"),
+    (0, "logits processors\ngrammar bitmask,\npenalties", "16"),
     (0, "sampler\ntemperature, top-k/p", "06"),
     (1, "server\nOpenAI API, SSE\n/metrics", "12"),
     (1, "LLM / LLMEngine\ngenerate, stream", "06"),

@@ -518,6 +518,41 @@ HINTS: dict[str, tuple[str, str, str]] = {
         "zero). Do not assume the records come sorted or that every stage appears: a stage that ran nothing is "
         "idle the whole span, which num_stages accounts for.",
     ),
+    "16.1": (
+        "Unpack first, mask second: turn the [B, W] words into one boolean per token, a mask as wide as the "
+        "logits, then put -inf wherever it says no. Token 32 * w + j lives in bit j of word w, lowest bit first, "
+        "so the tokens of one word come out in order if you read its bits from bit 0 up to bit 31.",
+        "Shift every word right by all of 0..31 at once: give the bitmask a trailing axis of size 1 and shift it "
+        "by `torch.arange(32)` (broadcasting gives [B, W, 32]), then keep only the lowest bit with `& 1`. Merging "
+        "the last two axes (`flatten(-2)` or `reshape`) numbers the bits 0..32·W − 1, the token ids. "
+        "`masked_fill`, the out-of-place one, then writes -inf and leaves the input alone.",
+        "32·W can exceed V (V = 1000 gives 1024 bits): cut the unpacked mask to the logits' last dimension. Make "
+        "the shift amounts int32 on the bitmask's device. Bit 31 is the sign bit and shifting a negative word "
+        "right fills with ones, so test the lowest bit after the shift, never the sign of the word. Turn the bits "
+        "into a bool mask before inverting it (`~` on integers flips every bit), and keep the logits' dtype: "
+        "bfloat16 in, bfloat16 out.",
+    ),
+    "16.2": (
+        "Three rules in a fixed order, each one tensor operation over the whole [R, V] batch: no loop over rows or "
+        "tokens. Work out which tokens each row has seen first: in its prompt (prompt_mask) or in its output "
+        "(output_counts > 0).",
+        "Repetition: where a token was seen, divide a positive logit by r and multiply a negative (or zero) one by "
+        "r; `torch.where` twice does it, with r as repetition[:, None] so that it broadcasts over the vocabulary. "
+        "Unseen tokens keep their logits.",
+        "Then subtract frequency[:, None] * output_counts, and presence[:, None] where output_counts > 0 (a bool "
+        "tensor times a float is 0 or the value). Out-of-place operations leave the input alone; with 0, 0 and 1 "
+        "nothing changes, which the tests check too.",
+    ),
+    "16.3": (
+        "Only one block can be written: the one at index position // block_size of seq.block_table. If seq has no "
+        "block there yet (a step that starts a new block), there is nothing to copy.",
+        "It is shared when its ref_count is above 1. Then take a fresh block with self._take_new() (it comes with "
+        "ref_count 1), give the shared one up with ref_count -= 1 (never to the free list: others still read it), "
+        "and put the new block's id in seq.block_table at that index.",
+        "Record (old id, new id) in self.copies: the model runner copies the keys and values before the step "
+        "writes, so the copy starts with everything the shared block held. The next sequence to write into the old "
+        "block may find it used by it alone, and then it writes in place: no copy.",
+    ),
 }
 
 

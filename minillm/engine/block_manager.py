@@ -203,8 +203,9 @@ class BlockManager:
     def can_append(self, seq: Sequence) -> bool:
         """Are there blocks for seq's newest token (and the drafts after it), should they start new blocks, or
         should the block they go into be shared (a copy of it, chapter 16)?"""
-        new = self.num_blocks(len(seq) + len(seq.spec_token_ids)) - len(seq.block_table)
-        return self.num_free_blocks >= new + self.is_shared(seq, seq.num_computed_tokens)
+        new, i = self.num_blocks(len(seq) + len(seq.spec_token_ids)) - len(seq.block_table), seq.num_computed_tokens
+        shared = i // self.block_size < len(seq.block_table) and self.blocks[seq.block_table[i // self.block_size]]
+        return self.num_free_blocks >= new + bool(shared and shared.ref_count > 1)
 
     def may_append(self, seq: Sequence) -> None:
         """Add blocks while seq's newest token (and the drafts after it) do not fit in the blocks it has; first copy
@@ -212,11 +213,6 @@ class BlockManager:
         self.copy_on_write(seq, seq.num_computed_tokens)
         while len(seq) + len(seq.spec_token_ids) > len(seq.block_table) * self.block_size:
             seq.block_table.append(self._take_new().block_id)
-
-    def is_shared(self, seq: Sequence, position: int) -> bool:
-        """Is the block that holds seq's token at `position` used by another sequence too?"""
-        i = position // self.block_size
-        return i < len(seq.block_table) and self.blocks[seq.block_table[i]].ref_count > 1
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Parallel sampling (n > 1, chapter 16): child shares all of parent's blocks (its prompt's keys and values,
@@ -226,8 +222,7 @@ class BlockManager:
         child.block_table = list(parent.block_table)
 
     def take_copies(self) -> list[tuple[int, int]]:
-        """The block copies (source, destination) that copy_on_write decided since the last call: the model runner
-        makes them before the step writes."""
+        """The (source, destination) copies copy_on_write decided since the last call, for the next step to make."""
         copies, self.copies = self.copies, []
         return copies
 
@@ -238,8 +233,10 @@ class BlockManager:
         The block `i = position // self.block_size` of `seq.block_table` (if seq has one there) is shared when its
         `ref_count` is above 1. Then: take a fresh block (`self._take_new()`, ref_count 1), give the shared one up
         (`ref_count -= 1`: the others keep it; it is never freed here, as someone still uses it), put the new block's
-        id at place i of seq.block_table, and record the copy `(old_id, new_id)` in `self.copies`: the model runner
-        copies the keys and values before the step runs. A block used by seq alone is written in place: nothing.
+        id at place i of seq.block_table (num_free_blocks drops by one), and record the copy `(old_id, new_id)` in
+        `self.copies` (take_copies hands them to the step): the model runner copies the keys and values before the step
+        runs. A block used by seq alone is written in place: nothing. (The tests then run n = 4 answers in an engine:
+        each answer's `outputs[i].token_ids` as the greedy one's alone, every block back in `llm.block_manager`.)
 
         Example, blocks of 4: a prompt of 6 tokens, blocks [3, 7], forked into two sequences (ref counts 2 and 2).
         The first to decode writes position 6, in block 7 (shared): it gets block 0 (say), table [3, 0], copies

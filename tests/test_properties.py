@@ -245,6 +245,7 @@ class FakeRunner:
     forward pass that dies part-way may."""
 
     pp = None  # one process: no pipeline stages
+    structured_output = None  # no grammars
 
     def __init__(self, block_size: int, faults=frozenset(), speculate: int = 0):
         self.kv, self.block_size, self.faults, self.calls = {}, block_size, faults, 0

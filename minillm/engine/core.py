@@ -283,5 +283,7 @@ class EngineCore(RequestAdmission):
     def close(self, reason: str = "close() was called") -> None:
         """Stop the workers (if any); the core runs no more steps."""
         self.closed = self.closed or reason
+        if self.model_runner.structured_output is not None:  # its compile threads
+            self.model_runner.structured_output.close()
         if self._stop_workers:
             self._stop_workers()

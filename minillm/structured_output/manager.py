@@ -1,7 +1,7 @@
 """StructuredOutputManager: the engine core's grammars (vLLM's, in vllm/v1/structured_output/__init__.py).
 
 Compiling a grammar against the vocabulary takes milliseconds to seconds, far longer than a decode step, so it runs
-on a thread pool: a request waits (in the scheduler's waiting queue) until its future is done while the other
+on a thread pool: a request waits (in the engine core's `compiling`) until its future is done while the other
 requests keep stepping. Compiled grammars are cached by (kind, spec): the thousandth request with the same schema
 reuses the first one's compilation and only gets a fresh matcher, which costs microseconds.
 """

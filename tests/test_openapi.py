@@ -10,6 +10,7 @@ JSON Schema cannot state, a prompt's tokens plus max_tokens within the context, 
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from test_server import TEMPLATE, Server  # tests/ is on sys.path
 
 from minillm import LLM, default_model_path
 from minillm.engine.async_llm import AsyncLLM
+from minillm.entrypoints.openai.openapi import numbers_below
 
 ERROR_SCHEMA = {"$ref": "#/components/schemas/ErrorResponse"}
 # route -> (method, the statuses it documents besides 200)
@@ -76,6 +78,20 @@ def test_each_route_documents_its_errors_content_types_and_bounds(server):
     assert (token_ids["minItems"], token_ids["maxItems"], token_ids["items"]["maximum"]) == (1, 127, 1279)
     assert fields["stop"]["anyOf"][1]["maxItems"] == 64 and fields["stop_token_ids"]["anyOf"][0]["maxItems"] == 1024
     assert "HTTPValidationError" not in schema["components"]["schemas"]
+    # chapter 16: SamplingParams' bounds, logit_bias' token ids in the vocabulary (an object's keys: a pattern)
+    assert fields["n"] | {"description": None} == {"type": "integer", "minimum": 1, "maximum": 128, "title": "N",
+                                                   "default": 1, "description": None}  # fmt: skip
+    assert fields["logprobs"]["anyOf"][0] == fields["prompt_logprobs"]["anyOf"][0]
+    assert fields["logprobs"]["anyOf"][0] == {"type": "integer", "minimum": 0, "maximum": 20}
+    bias = fields["logit_bias"]["anyOf"][0]
+    assert bias["propertyNames"]["pattern"] == numbers_below(1280) and re.fullmatch(numbers_below(1280), "1279")
+    assert not re.fullmatch(numbers_below(1280), "1280") and not re.fullmatch(numbers_below(1280), "01")
+    assert bias["additionalProperties"] == {"type": "number", "minimum": -100, "maximum": 100}
+    assert fields["min_tokens"]["maximum"] == 127
+    chat = schema["components"]["schemas"]["ChatCompletionRequest"]
+    assert chat["then"] == {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}  # top_logprobs'
+    kinds = schema["components"]["schemas"]["StructuredOutputs"]["oneOf"]
+    assert [k["required"] for k in kinds] == [["json"], ["regex"], ["choice"], ["grammar"], ["json_object"]]
 
 
 # schemathesis' statuses that refuse a request, and 413: a body over the limit is refused before it is validated

@@ -153,7 +153,9 @@ def test_batched_penalties_equal_the_reference():
 
 
 def test_engine_penalties_follow_the_reference_greedily(llm, hf):
-    sp = SamplingParams(temperature=0, max_tokens=16, presence_penalty=0.8, frequency_penalty=0.4, repetition_penalty=1.3)
+    sp = SamplingParams(
+        temperature=0, max_tokens=16, presence_penalty=0.8, frequency_penalty=0.4, repetition_penalty=1.3
+    )
     out = llm.generate([PROMPT], sp, use_tqdm=False)[0]
     prompt, ids = list(out.prompt_token_ids), list(out.prompt_token_ids)
     for token in out.token_ids:
@@ -231,3 +233,22 @@ def test_the_async_front_end_streams_n_answers_with_their_logprobs():
         assert got["ids"] == out.token_ids and got["end"] == out.finish_reason
         assert [list(e) for e in got["logprobs"]] == [list(e) for e in out.logprobs]
         assert all(len(e) in (2, 3) for e in got["logprobs"])  # the chosen token and the top 2 (it may be one of them)
+
+
+def test_prompt_logprobs_are_transformers_and_leave_the_cache_alone(llm, hf):
+    prompt = PROMPT + " to play. " + PROMPT  # two blocks of 16 and more: the first two come from the prefix cache
+    before = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)[0]
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, prompt_logprobs=3), use_tqdm=False)[0]
+    ids = out.prompt_token_ids
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(ids)
+    for i in range(1, len(ids)):
+        entry = out.prompt_logprobs[i]
+        assert next(iter(entry)) == ids[i], "the prompt token itself first"
+        assert math.isclose(entry[ids[i]].logprob, ref[i - 1, ids[i]].item(), abs_tol=1e-4)
+        assert entry[ids[i]].rank == int((ref[i - 1] > ref[i - 1, ids[i]]).sum()) + 1
+        assert set(ref[i - 1].topk(3).indices.tolist()) <= set(entry)
+    assert out.token_ids == before.token_ids, "the extra pass wrote nothing into the cache the answer reads"
+    again = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)[0]
+    assert again.token_ids == before.token_ids and out.num_cached_tokens == again.num_cached_tokens == 32

@@ -105,7 +105,9 @@ def test_greedy_guided_answers_do_not_depend_on_the_batch(llm, answers):
 )
 @pytest.mark.parametrize("temperature", [0, 1.0])
 def test_regex_choice_and_grammar(llm, spec, check, temperature):
-    sp = SamplingParams(temperature=temperature, seed=5, max_tokens=64, structured_outputs=StructuredOutputsParams(**spec))
+    sp = SamplingParams(
+        temperature=temperature, seed=5, max_tokens=64, structured_outputs=StructuredOutputsParams(**spec)
+    )
     texts = [o.text for o in llm.generate([PROMPT, "The cat"], sp, use_tqdm=False)]
     for text in texts:
         if check is None:
@@ -165,6 +167,8 @@ def test_smollm2_answers_twenty_schemas_with_json_that_validates():
     chat = [{"role": "user", "content": "Reply with a JSON example."}]  # one prompt: the prefix cache holds it once
     outputs = llm.chat([chat] * len(params), params, use_tqdm=False)
     assert_valid(outputs, params)
-    any_object = SamplingParams(temperature=0, max_tokens=256, structured_outputs=StructuredOutputsParams(json_object=True))
+    any_object = SamplingParams(
+        temperature=0, max_tokens=256, structured_outputs=StructuredOutputsParams(json_object=True)
+    )
     cat = [{"role": "user", "content": "Describe a cat as a JSON object with a name and an age."}]
     assert isinstance(json.loads(llm.chat(cat, any_object, use_tqdm=False)[0].text), dict)

@@ -156,7 +156,7 @@ class EngineCore(RequestAdmission):
         now = time.perf_counter()
         logprobs = ran.logprobs or [None] * len(seqs)
         outputs = [
-            self.output(seq, seq.token_ids[n:], now, lp)
+            self.output(seq, seq.token_ids[n:], now, lp, ran.prompt_logprobs.get(seq))
             for seq, n, lp in zip(seqs, lengths, logprobs)
             if seq in updated
         ]
@@ -244,8 +244,11 @@ class EngineCore(RequestAdmission):
         now = time.perf_counter()
         return [replace(self.output(seq, [], now), error=f"{type(error).__name__}: {error}") for seq in seqs]
 
-    def output(self, seq: Sequence, new_token_ids: list[int], now: float, logprobs=None) -> EngineCoreOutput:
-        """What the step did for seq (with its new tokens' logprobs, if asked); a finished request leaves the core."""
+    def output(
+        self, seq: Sequence, new_token_ids: list[int], now: float, logprobs=None, prompt=None
+    ) -> EngineCoreOutput:
+        """What the step did for seq (with its new tokens' and, on its first, its prompt's logprobs, if asked); a
+        finished request leaves the core."""
         seq.stamp(now)
         if seq.is_finished:
             self.requests.pop(seq.request_id, None)
@@ -253,7 +256,9 @@ class EngineCore(RequestAdmission):
         first = seq.num_completion_tokens == len(new_token_ids)
         cached = (seq.num_prompt_cached_tokens or 0) if first else 0
         logprobs = logprobs[: len(new_token_ids)] if logprobs else None  # none for tokens dropped after a finish
-        return EngineCoreOutput(seq.request_id, new_token_ids, seq.finish_reason, cached, new_logprobs=logprobs)
+        return EngineCoreOutput(
+            seq.request_id, new_token_ids, seq.finish_reason, cached, new_logprobs=logprobs, prompt_logprobs=prompt
+        )
 
     def stop_if_lost(self, error: BaseException) -> None:
         """After a failed step: if a worker died, a pipeline-parallel step failed (its stages out of step, batches

@@ -20,7 +20,7 @@ from minillm.engine.output_processor import decode_logprobs
 from minillm.engine.parallel_sampling import child_requests, split_request_id
 from minillm.engine.processor import Processor
 from minillm.engine.sequence import Sequence
-from minillm.logprobs import SampleLogprobs
+from minillm.logprobs import PromptLogprobs, SampleLogprobs
 from minillm.sampling_params import SamplingParams
 from minillm.tokenizer import IncrementalDetokenizer, Tokenizer
 from minillm.utils.loader import resolve_model_path
@@ -57,6 +57,7 @@ class RequestOutput:
     num_accepted_tokens: int = 0
     outputs: list[CompletionOutput] = field(default_factory=list)
     logprobs: SampleLogprobs | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # per prompt token (None for the first), if asked
 
 
 @dataclass
@@ -108,6 +109,7 @@ class LLMEngine:
         self.processor.num_kvcache_blocks = self.engine_core.model_runner.num_kvcache_blocks
         self.seqs: dict[str, Sequence] = {}  # this front end's unfinished requests, by request id
         self.logprobs: dict[Sequence, list] = {}  # the new tokens' logprobs of requests that ask for them
+        self.prompt_logprobs: dict[Sequence, list] = {}  # ... and their prompts'
         self.request_ids = count()
 
     # the engine core's pieces, in this process: to watch and to drive by hand (notebooks, tests)
@@ -139,6 +141,8 @@ class LLMEngine:
         out = self.engine_core.step()
         updated = [self.seqs[o.request_id] for o in out.outputs if o.request_id in self.seqs]
         for o in out.outputs:
+            if o.prompt_logprobs and o.request_id in self.seqs:
+                self.prompt_logprobs[self.seqs[o.request_id]] = o.prompt_logprobs
             if o.new_logprobs and o.request_id in self.seqs:
                 self.logprobs.setdefault(self.seqs[o.request_id], []).extend(o.new_logprobs)
             if o.finished:
@@ -208,6 +212,7 @@ class LLMEngine:
             for seq in seqs:
                 self.abort_request(seq)
                 self.logprobs.pop(seq, None)
+                self.prompt_logprobs.pop(seq, None)
 
     def generate(self, prompts, sampling_params=None, priorities=None, use_tqdm: bool = True) -> list[RequestOutput]:
         """Run prompts (strings or token-id lists) to completion; one output per prompt, in order. On an
@@ -224,6 +229,7 @@ class LLMEngine:
             for seq in seqs:
                 self.abort_request(seq)
             logprobs = {seq: self.logprobs.pop(seq, []) for seq in seqs}
+            prompts = {seq: self.prompt_logprobs.pop(seq, None) for seq in seqs}
         decode = self.tokenizer.decode if self.tokenizer is not None else lambda ids, skip: ""
         answers = [
             CompletionOutput(
@@ -254,6 +260,7 @@ class LLMEngine:
                     seq.num_accepted_tokens,
                     answers[start : start + n],
                     first.logprobs,
+                    [None, *decode_logprobs(prompts[seq], self.tokenizer)] if prompts[seq] else None,
                 )
             )
             start += n

@@ -29,6 +29,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     num_cached_tokens: int = 0
     error: str | None = None
     new_logprobs: list | None = None  # per new token: (token ids, logprobs, rank of the first), if asked (chapter 16)
+    prompt_logprobs: list | None = None  # the same per prompt token after the first, with the first token, if asked
 
     @property
     def finished(self) -> bool:

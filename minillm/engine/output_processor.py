@@ -24,6 +24,7 @@ class DeltaOutput:
     finish_reason: str | None = None  # "stop" (EOS, a stop token or a stop string) or "length", on the last output
     index: int = 0
     logprobs: list[dict[int, Logprob]] | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # on the first output, if asked: None first
 
     @property
     def finished(self) -> bool:
@@ -33,7 +34,7 @@ class DeltaOutput:
         """This output and a later one of the same answer, as one."""
         logprobs = None if self.logprobs is None else self.logprobs + (later.logprobs or [])
         text, ids = self.text + later.text, self.token_ids + later.token_ids
-        return DeltaOutput(text, ids, later.finish_reason, self.index, logprobs)
+        return DeltaOutput(text, ids, later.finish_reason, self.index, logprobs, self.prompt_logprobs)
 
 
 def decode_logprobs(entries: list, tokenizer: Tokenizer | None) -> list[dict[int, Logprob]]:
@@ -134,7 +135,8 @@ class RequestState:
         if finish_reason:
             stats.e2e_latencies.append(now - self.arrival_time)
         logprobs = decode_logprobs(output.new_logprobs, self.tokenizer) if output.new_logprobs else None
-        return DeltaOutput(text, output.new_token_ids, finish_reason, self.index, logprobs)
+        prompt = [None, *decode_logprobs(output.prompt_logprobs, self.tokenizer)] if output.prompt_logprobs else None
+        return DeltaOutput(text, output.new_token_ids, finish_reason, self.index, logprobs, prompt)
 
 
 class RequestStream:

@@ -54,6 +54,11 @@ class Processor:
                 f"top_k must be at most the vocabulary's {self.vocab_size} tokens (or -1 / 0: no limit), "
                 f"got {sampling_params.top_k}"
             )
+        if sampling_params.prompt_logprobs is not None and len(ids) > self.config.max_num_batched_tokens:
+            raise ValueError(
+                f"prompt_logprobs needs the prompt ({len(ids)} tokens) in one forward pass, at most "
+                f"max_num_batched_tokens={self.config.max_num_batched_tokens}: shorten the prompt or raise it"
+            )
         total = len(ids) + sampling_params.max_tokens
         if total > max_len:
             raise ValueError(
@@ -105,10 +110,8 @@ class Processor:
                 "n > 1, logprobs and structured_outputs are not supported with pipeline_parallel_size > 1: drop them, "
                 "or use tensor_parallel_size"
             )
-        if sp.prompt_logprobs is not None:
-            raise ValueError(
-                "prompt_logprobs is not supported yet: ask for logprobs of the generated tokens (logprobs=k)"
-            )
+        if sp.prompt_logprobs is not None and (pp or self.config.tensor_parallel_size > 1):
+            raise ValueError("prompt_logprobs is not supported with tensor or pipeline parallelism: drop it")
         return sp
 
     def default_sampling_params(self) -> SamplingParams:

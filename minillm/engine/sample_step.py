@@ -8,6 +8,7 @@ row, so that the children start with the prompt's keys and values computed once 
 
 import torch
 
+from minillm.engine.input_batch import StepInputs
 from minillm.engine.scheduler_output import ModelRunnerOutput
 from minillm.engine.sequence import Sequence
 from minillm.utils.compile import compiled_layers
@@ -45,6 +46,11 @@ def sample_step(
         [tokens.get(seq, []) for seq in seqs],
         logprobs=[logprobs.get(seq) for seq in seqs] if raw is not None else None,
         forked=forked,
+        prompt_logprobs={
+            seq: prompt_logprobs(runner, seq)
+            for seq in sampled
+            if seq.sampling_params.prompt_logprobs is not None and not seq.num_completion_tokens
+        },
     )
     if runner.drafter is not None:
         with cpu_threads(runner.platform.threads), compiled_layers(runner.compile_layers):
@@ -77,11 +83,26 @@ def mask_rows(runner, logits: torch.Tensor, sampled: list[Sequence], starts: lis
     apply_bitmask_inplace(logits, bitmask, indices)
 
 
-def token_logprobs(raw: torch.Tensor, start: int, token_ids: list[int], seq: Sequence) -> list | None:
+def prompt_logprobs(runner, seq: Sequence) -> list:
+    """vLLM's prompt_logprobs, when seq's prompt has just been computed: for each prompt token after the first, its
+    logprob given the tokens before it and the `prompt_logprobs` likeliest alternatives. One more forward pass over
+    the prompt that writes no keys or values (every slot -1) and keeps the logits of every position, so the prefix
+    cache and the chunks the prompt ran in change nothing."""
+    ids = seq.token_ids[: seq.num_prompt_tokens]
+    n = len(ids)
+    inputs = StepInputs(True, ids, list(range(n)), [-1] * n, None, [0, n], [0, n], list(range(n - 1)))
+    with cpu_threads(runner.platform.threads):
+        raw = runner.execute(inputs).float().log_softmax(dim=-1)
+    return token_logprobs(raw, 0, ids[1:], seq, seq.sampling_params.prompt_logprobs)
+
+
+def token_logprobs(
+    raw: torch.Tensor, start: int, token_ids: list[int], seq: Sequence, k: int | None = -1
+) -> list | None:
     """For each of seq's new tokens (token i from row start + i): (ids, logprobs, rank), the chosen token first,
-    then the seq's `logprobs` likeliest tokens; rank is the chosen token's place in the vocabulary (1 = likeliest).
-    None where seq asked for none."""
-    k = seq.sampling_params.logprobs
+    then the seq's `logprobs` likeliest tokens (k of them, if given); rank is the chosen token's place in the
+    vocabulary (1 = likeliest). None where seq asked for none."""
+    k = seq.sampling_params.logprobs if k == -1 else k
     if raw is None or k is None or not token_ids:
         return None
     rows = raw[start : start + len(token_ids)]

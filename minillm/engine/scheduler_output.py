@@ -57,3 +57,4 @@ class ModelRunnerOutput:
     # and (child, first token, its logprobs) for each child (n > 1) of a request whose prompt just ended
     logprobs: list[list | None] | None = None
     forked: list[tuple[Sequence, int, list | None]] = field(default_factory=list)
+    prompt_logprobs: dict[Sequence, list] = field(default_factory=dict)  # of prompts that just ended, if asked

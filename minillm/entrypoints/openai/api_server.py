@@ -27,13 +27,19 @@ from minillm.entrypoints.openai.errors import add_exception_handlers
 from minillm.entrypoints.openai.metrics import PrometheusStatLogger
 from minillm.entrypoints.openai.middleware import AuthenticationMiddleware, RequestBodyLimitMiddleware
 from minillm.entrypoints.openai.openapi import openapi_schema
+from minillm.entrypoints.openai.outputs import (
+    ChatChunks,
+    CompletionChunks,
+    HeldStream,
+    LogprobFormatter,
+    collect_answers,
+    hold_for,
+)
 from minillm.entrypoints.openai.protocol import (
     ChatCompletionChoice,
     ChatCompletionMessage,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChatCompletionStreamChoice,
-    ChatCompletionStreamResponse,
     ChatMessage,
     CompletionChoice,
     CompletionRequest,
@@ -51,12 +57,14 @@ from minillm.entrypoints.openai.serving import (
     ModelLimits,
     add_request,
     check_prompt_length,
-    collect,
+    check_structured_outputs,
+    constraint_field,
     error_responses,
     stop_strings,
     streaming_response,
     to_json,
     to_sampling_params,
+    tool_mode,
     usage,
     with_cancellation,
 )
@@ -104,6 +112,7 @@ def build_app(
     app.add_middleware(RequestBodyLimitMiddleware, max_bytes=max_request_body_bytes)  # the outermost: added last
     add_exception_handlers(app)
     limits = ModelLimits(processor.vocab_size, max_model_len, max_prompt_chars)
+    formatter = LogprobFormatter(tokenizer)
     app.openapi = partial(openapi_schema, app, api_key is not None, limits)
     auth = (401,) if api_key else ()
     generate = dict(  # what /v1/completions and /v1/chat/completions document
@@ -174,15 +183,42 @@ def build_app(
         params = to_sampling_params(request, defaults, limits)
         if isinstance(request.prompt, str):
             check_prompt_length(len(request.prompt), max_prompt_chars, max_model_len, "prompt")
+        check_structured_outputs(params, constraint_field(request))
         stream = await add_request(async_llm, request.prompt, params, stop_strings(request), "prompt")
         echo = echoed(request, stream.prompt_token_ids)
+        echo_logprobs = request.echo and request.logprobs is not None
         if request.stream:
-            return streaming_response(stream, partial(completion_chunk, random_id("cmpl"), model_name, echo), request)
-        text, token_ids, finish_reason = await collect(stream)
+            chunks = CompletionChunks(
+                random_id("cmpl"),
+                model_name,
+                echo,
+                stream.prompt_token_ids,
+                formatter,
+                request.logprobs,
+                echo_logprobs,
+                request.prompt_logprobs is not None,
+            )
+            hold = hold_for(params.logprobs is not None or params.prompt_logprobs is not None, None)
+            return streaming_response(stream if hold is None else HeldStream(stream, hold), chunks, request)
+        answers, prompt_logprobs = await collect_answers(stream, params.n)
+        choices = []
+        for index, answer in enumerate(answers):
+            choice = CompletionChoice(
+                index=index, text=echo + answer.text, finish_reason=answer.finish_reason, token_ids=answer.token_ids
+            )
+            if request.logprobs is not None:
+                token_ids, steps = answer.token_ids, answer.logprobs
+                if echo_logprobs:
+                    prompt_steps = prompt_logprobs or [None] * len(stream.prompt_token_ids)
+                    token_ids, steps = stream.prompt_token_ids + token_ids, list(prompt_steps) + steps
+                choice.logprobs = formatter.completion(token_ids, steps, 0 if echo_logprobs else len(echo))[0]
+            if request.prompt_logprobs is not None:
+                choice.prompt_logprobs = formatter.prompt(prompt_logprobs)
+            choices.append(choice)
         response = CompletionResponse(
             model=model_name,
-            choices=[CompletionChoice(text=echo + text, finish_reason=finish_reason, token_ids=token_ids)],
-            usage=usage(stream, len(token_ids)),
+            choices=choices,
+            usage=usage(stream, sum(len(answer.token_ids) for answer in answers)),
             prompt_token_ids=stream.prompt_token_ids,
         )
         return Response(to_json(response, request.return_token_ids), media_type="application/json")
@@ -192,18 +228,38 @@ def build_app(
     async def chat_completions(request: ChatCompletionRequest, raw_request: Request):
         check_model(request.model)
         params = to_sampling_params(request, defaults, limits)
+        tool = tool_mode(request)
         prompt = encode_chat(request.messages)
+        check_structured_outputs(params, constraint_field(request))
         stream = await add_request(async_llm, prompt, params, stop_strings(request), "messages")
+        top_logprobs = request.num_logprobs
         if request.stream:
-            return streaming_response(stream, partial(chat_chunk, random_id("chatcmpl"), model_name), request)
-        text, token_ids, finish_reason = await collect(stream)
-        message = ChatCompletionMessage(content=text)
+            chunks = ChatChunks(
+                random_id("chatcmpl"), model_name, formatter, top_logprobs, tool, request.prompt_logprobs is not None
+            )
+            hold = hold_for(params.logprobs is not None or params.prompt_logprobs is not None, tool)
+            return streaming_response(stream if hold is None else HeldStream(stream, hold), chunks, request)
+        answers, prompt_logprobs = await collect_answers(stream, params.n)
+        choices = []
+        for index, answer in enumerate(answers):
+            if tool is None:
+                message, finish_reason = ChatCompletionMessage(content=answer.text), answer.finish_reason
+            else:
+                message, finish_reason = tool.message(answer.text, answer.finish_reason)
+            choice = ChatCompletionChoice(
+                index=index, message=message, finish_reason=finish_reason, token_ids=answer.token_ids
+            )
+            if top_logprobs is not None:
+                choice.logprobs = formatter.chat(answer.token_ids, answer.logprobs, top_logprobs)
+            choices.append(choice)
         response = ChatCompletionResponse(
             model=model_name,
-            choices=[ChatCompletionChoice(message=message, finish_reason=finish_reason, token_ids=token_ids)],
-            usage=usage(stream, len(token_ids)),
+            choices=choices,
+            usage=usage(stream, sum(len(answer.token_ids) for answer in answers)),
             prompt_token_ids=stream.prompt_token_ids,
         )
+        if request.prompt_logprobs is not None:
+            response.prompt_logprobs = formatter.prompt(prompt_logprobs)
         return Response(to_json(response, request.return_token_ids), media_type="application/json")
 
     def echoed(request: CompletionRequest, prompt_token_ids: list[int]) -> str:
@@ -226,15 +282,6 @@ def completion_chunk(response_id: str, model_name: str, echo: str, out, usage_in
         else [CompletionChoice(text=echo * first + out.text, finish_reason=out.finish_reason, token_ids=out.token_ids)]
     )
     return CompletionResponse(id=response_id, model=model_name, choices=choices, usage=usage_info)
-
-
-def chat_chunk(response_id: str, model_name: str, out, usage_info, first: bool) -> ChatCompletionStreamResponse:
-    """One event of a streamed chat completion: the first names the role, as OpenAI's do; out None: the usage."""
-    choices = []
-    if out is not None:
-        delta = ChatCompletionMessage(role="assistant" if first else None, content=out.text)
-        choices = [ChatCompletionStreamChoice(delta=delta, finish_reason=out.finish_reason, token_ids=out.token_ids)]
-    return ChatCompletionStreamResponse(id=response_id, model=model_name, choices=choices, usage=usage_info)
 
 
 def listen(host: str, port: int) -> socket.socket:

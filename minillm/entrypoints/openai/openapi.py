@@ -30,11 +30,12 @@ def openapi_schema(app: FastAPI, with_api_key: bool, limits: ModelLimits) -> dic
 
 
 def model_bounds(schemas: dict, limits: ModelLimits) -> None:
-    """Publish the bounds that depend on the model, which the request models cannot know: a prompt's token ids and
-    /detokenize's below the vocabulary size, top_k at most that size, a prompt's characters (/tokenize's too) and
-    tokens and
-    max_tokens within the context. One rule is left to the field's description, as JSON Schema cannot relate two
-    fields: the prompt's tokens plus max_tokens fit max_model_len."""
+    """Publish the bounds that depend on the model, which the request models cannot know: a prompt's token ids,
+    /detokenize's and logit_bias' below the vocabulary size, top_k at most that size, a prompt's characters
+    (/tokenize's too) and tokens and max_tokens (min_tokens too) within the context. Some rules are left to the
+    fields' descriptions, as JSON Schema cannot state them: the prompt's tokens plus max_tokens fit max_model_len,
+    min_tokens is at most max_tokens, a tool_choice names one of the tools, and a constraint on the output (a JSON
+    schema, a regex, a grammar) compiles."""
     vocab_size, max_model_len, max_prompt_chars = limits
     completion, chat = schemas["CompletionRequest"]["properties"], schemas["ChatCompletionRequest"]["properties"]
     text, token_ids = completion["prompt"]["anyOf"]
@@ -45,6 +46,8 @@ def model_bounds(schemas: dict, limits: ModelLimits) -> None:
         tokens["items"]["maximum"] = vocab_size - 1
     for fields in (completion, chat):
         fields["top_k"]["anyOf"][0]["maximum"] = vocab_size
+        fields["logit_bias"]["anyOf"][0]["propertyNames"]["pattern"] = numbers_below(vocab_size)
+        fields["min_tokens"]["maximum"] = max_model_len - 1
         for name in ("max_tokens", "max_completion_tokens"):
             if name in fields:
                 fields[name]["anyOf"][0]["maximum"] = max_model_len - 1
@@ -63,3 +66,17 @@ def integer_bounds(node) -> None:
     elif isinstance(node, list):
         for value in node:
             integer_bounds(value)
+
+
+def numbers_below(n: int) -> str:
+    """A regular expression of the decimal numbers in [0, n) without leading zeros (n >= 1): JSON Schema bounds a
+    number, and logit_bias' token ids are an object's keys, strings."""
+    top = str(n - 1)
+    alternatives = ["0"] + [f"[1-9][0-9]{{{k}}}" if k else "[1-9]" for k in range(len(top) - 1)]
+    for i, digit in enumerate(top):  # as long as top: agree with it up to digit i, then be below it there
+        low, high = 1 if i == 0 else 0, int(digit) - 1
+        if high >= low:
+            rest = len(top) - i - 1
+            alternatives.append(top[:i] + f"[{low}-{high}]" + (f"[0-9]{{{rest}}}" if rest else ""))
+    alternatives.append(top)
+    return "^(" + "|".join(dict.fromkeys(alternatives)) + ")$"

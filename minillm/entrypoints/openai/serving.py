@@ -2,8 +2,10 @@
 server-sent events (`data: {json}` and a blank line per chunk, then `data: [DONE]`)."""
 
 import asyncio
+import copy
 import dataclasses
 import functools
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import NamedTuple
 
@@ -13,8 +15,9 @@ from pydantic import BaseModel
 
 from minillm.engine.async_llm import AsyncLLM, EngineError, QueueFullError, RequestStream
 from minillm.engine.output_processor import DeltaOutput
+from minillm.entrypoints.openai.outputs import ToolMode
 from minillm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields, UsageInfo
-from minillm.sampling_params import SamplingParams
+from minillm.sampling_params import SamplingParams, StructuredOutputsParams
 
 # status -> (OpenAI's error type, what it means here: /openapi.json documents each route's with these)
 ERRORS = {
@@ -28,6 +31,9 @@ ERRORS = {
     503: ("ServiceUnavailableError", "the engine is not serving"),
 }
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "stop_token_ids", "ignore_eos", "skip_special_tokens")
+# chapter 16's, under the same names in the request and in SamplingParams
+SAMPLING_FIELDS += ("n", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens")
+SAMPLING_FIELDS += ("bad_words",)
 NO_TOKEN_IDS = {"prompt_token_ids": True, "choices": {"__all__": {"token_ids"}}}
 
 
@@ -65,7 +71,9 @@ def to_sampling_params(request: SamplingFields, defaults: SamplingParams, limits
     """The request's sampling fields over the model's defaults (LLM.get_default_sampling_params), checked by
     SamplingParams itself: a bad value answers 400 with its message, naming the field. The protocol has checked
     each field's bounds already; this adds those that depend on the model (as /openapi.json publishes them): top_k
-    at most its vocabulary, max_tokens (either name, used or not) below its context."""
+    at most its vocabulary, max_tokens (either name, used or not) below its context, logit_bias' token ids in the
+    vocabulary; and the rules that relate fields: top_logprobs needs logprobs, one constraint on the output
+    (response_format, structured_outputs or a tool's schema), min_tokens at most max_tokens."""
     if request.top_k is not None and request.top_k > limits.vocab_size:
         message = f"top_k must be at most the vocabulary size ({limits.vocab_size}; 0 = no limit), got {request.top_k}"
         raise APIError(400, message, "top_k")
@@ -75,16 +83,132 @@ def to_sampling_params(request: SamplingFields, defaults: SamplingParams, limits
                 f"{name} must be below max_model_len={limits.max_model_len} (the prompt needs a token), got {value}"
             )
             raise APIError(400, message, name)
+    if request.logit_bias and (bad := [int(t) for t in request.logit_bias if int(t) >= limits.vocab_size]):
+        message = f"logit_bias: unknown token ids {bad[:5]}: ids must be in [0, {limits.vocab_size})"
+        raise APIError(400, message, "logit_bias")
+    if getattr(request, "top_logprobs", None) and not request.logprobs:  # chat's
+        message = f"top_logprobs needs logprobs: true, got top_logprobs={request.top_logprobs} and no logprobs"
+        raise APIError(400, message, "top_logprobs")
     chosen = {name: getattr(request, name) for name in SAMPLING_FIELDS if getattr(request, name) is not None}
     given = getattr(request, "max_completion_tokens", None) is not None
     max_tokens_field = "max_completion_tokens" if given else "max_tokens"
     if getattr(request, max_tokens_field) is not None:
         chosen["max_tokens"] = getattr(request, max_tokens_field)
+    if request.logit_bias:
+        chosen["logit_bias"] = {int(token): bias for token, bias in request.logit_bias.items()}
+    if request.num_logprobs is not None:
+        chosen["logprobs"] = request.num_logprobs
+    if request.num_prompt_logprobs is not None:
+        chosen["prompt_logprobs"] = request.num_prompt_logprobs
+    constraint_field, kwargs = output_constraint(request) or (None, None)
+    if kwargs is not None:
+        try:
+            chosen["structured_outputs"] = StructuredOutputsParams(**kwargs)
+        except ValueError as e:
+            raise APIError(400, str(e), constraint_field) from None
+    # SamplingParams' field -> the request's that set it
+    logprobs_field = "top_logprobs" if "top_logprobs" in type(request).model_fields else "logprobs"
+    fields = {"max_tokens": max_tokens_field, "logprobs": logprobs_field, "structured_outputs": constraint_field}
     try:
         return dataclasses.replace(defaults, **chosen)
     except ValueError as e:
-        name = next((name for name in chosen if str(e).startswith(name)), None)
-        raise APIError(400, str(e), max_tokens_field if name == "max_tokens" else name) from None
+        name = (match := re.match(r"\w+", str(e))) and match.group()
+        raise APIError(400, str(e), fields.get(name, name) if name in chosen else None) from None
+
+
+def output_constraint(request: SamplingFields) -> tuple[str, dict] | None:
+    """(the request field, StructuredOutputsParams' keywords) of what the output must match, if anything: a named
+    function's parameters or "required"'s calls (chat), else response_format or structured_outputs (one of them)."""
+    try:
+        constraint = request.structured()
+    except ValueError as e:
+        raise APIError(400, str(e), "response_format") from None
+    tool = tool_mode(request)
+    if tool is None:
+        return constraint
+    if constraint is not None and constraint[0] == "structured_outputs":  # vLLM's rule (response_format: replaced)
+        raise APIError(400, "give structured_outputs or a tool_choice that calls a tool, not both", "tool_choice")
+    return "tools", {"json": tool_schema(request, tool)}
+
+
+def tool_mode(request) -> ToolMode | None:
+    """How a chat request's answers become tool calls (vLLM's rules): none without tools or with tool_choice
+    "none"; tools without a tool_choice mean "auto", which needs a tool parser (minillm has none: refused, as
+    vLLM refuses it without --tool-call-parser); a named function must be among the tools."""
+    choice, tools = getattr(request, "tool_choice", None), getattr(request, "tools", None)
+    if choice is None and tools:
+        choice = "auto"
+    if choice is None or choice == "none":
+        return None
+    if not tools:
+        raise APIError(400, "tool_choice needs tools: the functions it may call", "tool_choice")
+    if choice == "auto":
+        message = (
+            '"auto" tool choice (the default when tools are given) needs a tool parser to find calls in free text, '
+            'and minillm has none: name the function in tool_choice ({"type": "function", "function": {"name": '
+            '...}}), or give "required" (one or more calls) or "none"'
+        )
+        raise APIError(400, message, "tool_choice")
+    if choice == "required":
+        return ToolMode(required=True)
+    names = [tool.function.name for tool in tools]
+    if choice.function.name not in names:
+        message = f"tool_choice names the function {choice.function.name!r}, which is not among tools {names}"
+        raise APIError(400, message, "tool_choice")
+    return ToolMode(name=choice.function.name)
+
+
+def parameters_schema(parameters: dict | None) -> dict:
+    return {"type": "object", "properties": {}} if parameters is None else parameters
+
+
+def tool_schema(request, tool: ToolMode) -> dict:
+    """The JSON schema the answer is generated under (vLLM's): a named function's parameters; with "required",
+    an array of one or more {"name", "parameters"} of the tools (one only if parallel_tool_calls is false), their
+    $defs gathered at the top where a $ref finds them."""
+    if tool.name is not None:
+        return parameters_schema(next(t.function for t in request.tools if t.function.name == tool.name).parameters)
+    calls, defs = [], {}
+    for t in request.tools:
+        parameters = copy.deepcopy(parameters_schema(t.function.parameters))
+        for name, schema in (parameters.pop("$defs", None) or {}).items():
+            if defs.setdefault(name, schema) != schema:
+                raise APIError(400, f"tools define $defs {name!r} twice, differently", "tools")
+        properties = {"name": {"type": "string", "enum": [t.function.name]}, "parameters": parameters}
+        calls.append({"properties": properties, "required": ["name", "parameters"]})
+    schema = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": calls}}
+    if request.parallel_tool_calls is False:
+        schema["maxItems"] = 1
+    return schema | ({"$defs": defs} if defs else {})
+
+
+def constraint_field(request: SamplingFields) -> str | None:
+    """The request field that constrains the output (to_sampling_params has checked there is at most one)."""
+    constraint = output_constraint(request)
+    return None if constraint is None else constraint[0]
+
+
+# where a constraint's spec sits in the request, by the field it comes from (validate_structured_outputs names it
+# as StructuredOutputsParams' field)
+SPEC_PLACES = {"response_format": "response_format.json_schema.schema", "tools": "the function's parameters schema"}
+
+
+def check_structured_outputs(params: SamplingParams, param: str | None) -> None:
+    """A constraint the grammar engine cannot compile answers 400 naming the request's field (the engine's front
+    end would refuse it too, naming no field). A cheap check: no vocabulary is involved."""
+    if params.structured_outputs is None:
+        return
+    try:
+        from minillm.structured_output import validate_structured_outputs
+    except ImportError:  # no grammar engine: the front end refuses what it cannot serve
+        return
+    try:
+        validate_structured_outputs(params.structured_outputs)
+    except ValueError as e:
+        message = str(e)
+        if param in SPEC_PLACES:
+            message = re.sub(r"^structured_outputs\.json(_object)?", SPEC_PLACES[param], message)
+        raise APIError(400, message, param) from None
 
 
 def check_prompt_length(num_chars: int, max_chars: int, max_model_len: int, param: str) -> None:
@@ -104,13 +228,16 @@ def stop_strings(request: SamplingFields) -> list[str]:
 
 
 async def add_request(async_llm: AsyncLLM, prompt, params: SamplingParams, stop, param: str) -> RequestStream:
-    """async_llm.add_request, its refusals as HTTP answers: a full queue 429, a bad prompt 400 naming `param`."""
+    """async_llm.add_request, its refusals as HTTP answers: a full queue 429, a bad prompt 400 naming `param` (or
+    the sampling field the engine's message begins with: one it does not serve)."""
     try:
         return await async_llm.add_request(prompt, params, stop)
     except QueueFullError as e:
         raise APIError(429, str(e)) from None
     except ValueError as e:
-        raise APIError(400, str(e), param) from None
+        name = (match := re.match(r"\w+", str(e))) and match.group()
+        sampling = name in SAMPLING_FIELDS or name in ("logprobs", "prompt_logprobs", "logit_bias", "bad_words")
+        raise APIError(400, str(e), name if sampling else param) from None
 
 
 def usage(stream: RequestStream, num_tokens: int) -> UsageInfo:
@@ -120,16 +247,6 @@ def usage(stream: RequestStream, num_tokens: int) -> UsageInfo:
 
 def to_json(response: BaseModel, with_token_ids: bool) -> str:
     return response.model_dump_json(exclude=None if with_token_ids else NO_TOKEN_IDS)
-
-
-async def collect(stream: RequestStream) -> tuple[str, list[int], str | None]:
-    """The whole answer: its text, token ids and finish reason."""
-    text, token_ids, finish_reason = [], [], None
-    async for out in stream:
-        text.append(out.text)
-        token_ids += out.token_ids
-        finish_reason = out.finish_reason
-    return "".join(text), token_ids, finish_reason
 
 
 def streaming_response(

@@ -22,12 +22,13 @@ class LLM(LLMEngine):
         return self.processor.default_sampling_params()
 
     def encode_chat(
-        self, messages, *, add_generation_prompt: bool = True, chat_template: str | None = None
+        self, messages, *, add_generation_prompt: bool = True, chat_template: str | None = None, tools=None
     ) -> list[list[int]]:
         """The prompt token ids of one conversation (a list of {"role", "content"} dicts) or of a list of them,
-        rendered with the checkpoint's chat template (or `chat_template`: a Jinja string or a file holding one)."""
+        rendered with the checkpoint's chat template (or `chat_template`: a Jinja string or a file holding one),
+        which sees `tools` (OpenAI's function definitions), if any."""
         return self.processor.encode_chat(
-            messages, add_generation_prompt=add_generation_prompt, chat_template=chat_template
+            messages, add_generation_prompt=add_generation_prompt, chat_template=chat_template, tools=tools
         )
 
     def chat(
@@ -37,10 +38,13 @@ class LLM(LLMEngine):
         *,
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
+        tools: list[dict] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Answer one conversation ([{"role": "user", "content": "Hi"}]) or a list of them, as vLLM's LLM.chat:
         each is rendered with the chat template and generated like a prompt of generate(); one RequestOutput per
         conversation, in order. The answer ends at the model's end-of-turn token (its EOS)."""
-        prompts = self.encode_chat(messages, add_generation_prompt=add_generation_prompt, chat_template=chat_template)
+        prompts = self.encode_chat(
+            messages, add_generation_prompt=add_generation_prompt, chat_template=chat_template, tools=tools
+        )
         return self.generate(prompts, sampling_params or self.get_default_sampling_params(), use_tqdm=use_tqdm)

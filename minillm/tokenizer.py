@@ -112,15 +112,21 @@ class Tokenizer:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True, chat_template: str | None = None
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+        tools: list[dict] | None = None,
     ) -> str:
         """Render a conversation with the checkpoint's Jinja chat template (or `chat_template`), as transformers
-        does. The text already holds the template's special tokens: encode it with add_special_tokens=False."""
+        does; `tools` (OpenAI's function definitions) go to the template, which may list them for the model. The
+        text already holds the template's special tokens: encode it with add_special_tokens=False."""
         template = chat_template or self.chat_template
         if not template:
             raise ValueError("this tokenizer has no chat template; pass plain text prompts instead")
         return compile_chat_template(template).render(
             messages=messages,
+            tools=tools,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",

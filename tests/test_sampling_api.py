@@ -252,3 +252,12 @@ def test_prompt_logprobs_are_transformers_and_leave_the_cache_alone(llm, hf):
     assert out.token_ids == before.token_ids, "the extra pass wrote nothing into the cache the answer reads"
     again = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)[0]
     assert again.token_ids == before.token_ids and out.num_cached_tokens == again.num_cached_tokens == 32
+
+
+def test_tools_reach_the_chat_template(llm):
+    template = "{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}"
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    chat = [{"role": "user", "content": "Hi"}]
+    with_tools = llm.encode_chat(chat, chat_template=template, tools=tools)[0]
+    assert llm.tokenizer.decode(with_tools).startswith("[get_weather]Hi")
+    assert llm.tokenizer.decode(llm.encode_chat(chat, chat_template=template)[0]).startswith("Hi")

@@ -124,10 +124,11 @@ class Processor:
         return SamplingParams(**{ours: gen[theirs] for theirs, ours in GENERATION_DEFAULTS.items() if theirs in gen})
 
     def encode_chat(
-        self, messages, *, add_generation_prompt: bool = True, chat_template: str | None = None
+        self, messages, *, add_generation_prompt: bool = True, chat_template: str | None = None, tools=None
     ) -> list[list[int]]:
         """The prompt token ids of one conversation (a list of {"role", "content"} dicts) or of a list of them,
-        rendered with the checkpoint's chat template (or `chat_template`: a Jinja string or a file holding one)."""
+        rendered with the checkpoint's chat template (or `chat_template`: a Jinja string or a file holding one),
+        which sees `tools` (OpenAI's function definitions), if any."""
         if self.tokenizer is None:
             raise ValueError("chat needs the tokenizer, and this engine has none (skip_tokenizer_init=True)")
         if chat_template is not None and "{" not in chat_template and Path(chat_template).is_file():
@@ -140,7 +141,7 @@ class Processor:
             )
         try:
             texts = [
-                self.tokenizer.apply_chat_template(conv, add_generation_prompt, chat_template)
+                self.tokenizer.apply_chat_template(conv, add_generation_prompt, chat_template, tools)
                 for conv in conversations(messages)
             ]
         except jinja2.TemplateError as e:

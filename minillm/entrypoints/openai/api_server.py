@@ -130,13 +130,12 @@ def build_app(
         if name is not None and name != model_name:
             raise APIError(404, f"the model {name!r} does not exist: this server serves {model_name!r}", "model")
 
-    def encode_chat(messages: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(messages: list[ChatMessage], add_generation_prompt: bool = True, tools=None) -> list[int]:
         # a chat template adds text around the turns: the turns alone must fit already
         check_prompt_length(sum(len(m.text) for m in messages), max_prompt_chars, max_model_len, "messages")
         try:
-            return processor.encode_chat([m.as_dict() for m in messages], add_generation_prompt=add_generation_prompt)[
-                0
-            ]
+            conversation = [m.as_dict() for m in messages]
+            return processor.encode_chat(conversation, add_generation_prompt=add_generation_prompt, tools=tools)[0]
         except (ValueError, jinja2.TemplateError) as e:
             raise APIError(400, str(e), "messages") from None
 
@@ -229,7 +228,8 @@ def build_app(
         check_model(request.model)
         params = to_sampling_params(request, defaults, limits)
         tool = tool_mode(request)
-        prompt = encode_chat(request.messages)
+        tools = [t.model_dump(exclude_none=True) for t in request.tools] if tool else None  # for the template
+        prompt = encode_chat(request.messages, tools=tools)
         check_structured_outputs(params, constraint_field(request))
         stream = await add_request(async_llm, prompt, params, stop_strings(request), "messages")
         top_logprobs = request.num_logprobs

@@ -3,6 +3,7 @@ each follows the chapter conventions (DESIGN §5): objectives and the engine map
 stretch ideas and references at the end; a widget; folded hints for each of its exercises."""
 
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import nbformat
 import pytest
@@ -12,13 +13,30 @@ from minillm.course.notebooks import KERNELSPEC, execute, find_notebooks
 
 NOTEBOOKS = find_notebooks()
 IDS = [p.name for p in NOTEBOOKS]
+# notebooks run two at a time, each in its own kernel: much of a notebook's time is a kernel starting, imports,
+# servers coming up and waits, which the other notebook's work fills
+NOTEBOOKS_AT_ONCE = 2
+
+
+@pytest.fixture(scope="session")
+def notebook_runs(request, tmp_path_factory) -> dict[str, Future]:
+    """Every selected notebook's run, started at the first notebook test, in a fresh kernel and a scratch folder;
+    the later chapters (the longer runs) first, so that no long one starts last."""
+    selected = [
+        item.callspec.params["path"]
+        for item in request.session.items
+        if item.originalname == "test_notebook_runs_top_to_bottom"
+    ]
+    pool = ThreadPoolExecutor(NOTEBOOKS_AT_ONCE, thread_name_prefix="notebook")
+    request.addfinalizer(lambda: pool.shutdown(wait=False, cancel_futures=True))
+    return {p.name: pool.submit(execute, p, tmp_path_factory.mktemp(p.stem)) for p in sorted(selected, reverse=True)}
 
 
 @pytest.mark.notebook
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
-def test_notebook_runs_top_to_bottom(path, tmp_path):
+def test_notebook_runs_top_to_bottom(path, notebook_runs):
     """In a fresh kernel and a scratch folder, within TIME_LIMIT_S; the committed file is not touched."""
-    execute(path, cwd=tmp_path)
+    notebook_runs[path.name].result()  # raises what the run raised
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)

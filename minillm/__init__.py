@@ -2,6 +2,6 @@
 
 from minillm.config import default_model_path
 from minillm.llm import LLM
-from minillm.sampling_params import SamplingParams
+from minillm.sampling_params import SamplingParams, StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams", "default_model_path"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "default_model_path"]

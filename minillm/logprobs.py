@@ -7,7 +7,8 @@ from dataclasses import dataclass
 @dataclass
 class Logprob:
     """One token's log-probability under the model (log_softmax of its raw logits, as vLLM's default
-    logprobs_mode), its rank among the vocabulary (1 = the likeliest) and its text."""
+    logprobs_mode: before temperature, penalties or top-k/top-p, after a grammar's mask), its rank among the
+    vocabulary (1 = the likeliest) and its text."""
 
     logprob: float
     rank: int | None = None

@@ -1,8 +1,9 @@
 """The sampling half of a step, on the rank that samples: from the logits of the rows that sample to each sequence's
 new tokens. Chapter 16 adds three things around the sampler, as vLLM V1's model runner does: a request's grammar
 masks its rows first (structured outputs: every token that would leave the grammar gets -inf); the log-probability
-of every new token, and of the likeliest alternatives, is read from the distribution the model gave (the raw
-logprobs, vLLM's default); and a request with n > 1 samples its children's first tokens from its own last prompt
+of every new token, and of the likeliest alternatives, is read from the model's logits before temperature,
+penalties or truncation (vLLM's default, raw logprobs), but after a grammar's mask, as in vLLM V1 (a token the grammar
+forces gets probability 1); and a request with n > 1 samples its children's first tokens from its own last prompt
 row, so that the children start with the prompt's keys and values computed once (minillm.engine.parallel_sampling).
 """
 
@@ -27,7 +28,7 @@ def sample_step(
         mask_rows(runner, logits, sampled, starts)
     parents = [(seq, start) for seq, start in zip(sampled, starts) if seq.forks and not seq.num_completion_tokens]
     wanted = [seq.sampling_params.logprobs is not None for seq in sampled + [c for p, _ in parents for c in p.forks]]
-    raw = logits.float().log_softmax(dim=-1) if any(wanted) else None  # before any processing: vLLM's raw logprobs
+    raw = logits.float().log_softmax(dim=-1) if any(wanted) else None  # raw: before any sampling setting (after a mask)
     with compiled_layers(runner.compile_layers):
         if verify:
             md = runner.prepare_sample(sampled, rows_per_draft=True)

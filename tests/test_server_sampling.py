@@ -16,6 +16,8 @@ import jsonschema
 import openai
 import pytest
 from test_server import TEMPLATE, Server, post  # tests/ is on sys.path
+from test_structured_output import SCHEMAS as TWENTY_SCHEMAS
+from test_structured_outputs import bounded
 
 from minillm import LLM, SamplingParams, default_model_path
 from minillm.engine.async_llm import AsyncLLM
@@ -228,6 +230,27 @@ def test_response_format_json_schema_outputs_validate(client, server, name):
     # the completions endpoint takes it too (as vLLM's)
     text = post(server, C, {"prompt": PROMPT, "max_tokens": 200, "temperature": 0, "response_format": response_format})
     jsonschema.validate(json.loads(text.json()["choices"][0]["text"]), schema)
+
+
+def test_twenty_schemas_through_the_openai_client_validate(client):
+    """tests/test_structured_outputs.py's twenty schemas (with its limits), greedy and sampled, as response_format."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def ask(args):
+        i, temperature = args
+        schema = bounded(TWENTY_SCHEMAS[i])
+        out = client.chat.completions.create(
+            model="story", messages=MESSAGES, max_tokens=256, temperature=temperature, seed=i,
+            response_format={"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema}},
+        )  # fmt: skip
+        return schema, out.choices[0]
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, [(i, t) for t in (0, 1.0) for i in range(len(TWENTY_SCHEMAS))]))
+    assert len(answers) == 40
+    for schema, choice in answers:
+        assert choice.finish_reason == "stop", choice.message.content
+        jsonschema.validate(json.loads(choice.message.content), schema)
 
 
 def test_json_object_parses(client):

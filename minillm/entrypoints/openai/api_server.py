@@ -7,12 +7,14 @@ in OpenAI's error shape, and /openapi.json documents each route's, with the boun
 """
 
 import argparse
+import importlib
 import ipaddress
 import json
 import os
 import signal
 import socket
 import sys
+import threading
 from functools import partial
 
 import jinja2
@@ -384,6 +386,9 @@ def main(argv=None) -> int:
         print(f"python -m minillm.serve: {e}", file=sys.stderr)
         return 1
     model_name = args.model or "default"
+    # imported now, beside the server: the first structured request would import it (seconds) on the event loop,
+    # stalling every stream meanwhile
+    threading.Thread(target=importlib.import_module, args=("xgrammar",), name="import-xgrammar", daemon=True).start()
     app = build_app(async_llm, model_name, args.api_key, args.max_request_body_bytes)
     try:
         sock = listen(args.host, args.port)

@@ -28,6 +28,8 @@ demo: $(STAMP)
 chat: $(STAMP)
 	$(PY) -m minillm.chat $(CHAT_ARGS)
 
+# the slowest tests named at the end, to keep the suite's time in view; make test PYTEST_ARGS="-k ..." for a part
+PYTEST_ARGS ?= --durations=25
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -9,6 +9,7 @@ from msgspec.structs import replace
 from minillm.engine.messages import EngineCoreOutput
 from minillm.engine.parallel_sampling import fork, wait_for_fork
 from minillm.engine.sequence import Sequence, SequenceStatus
+from minillm.structured_output import StructuredOutputManager
 
 
 class RequestAdmission:
@@ -21,8 +22,6 @@ class RequestAdmission:
     def structured_output(self):
         """The StructuredOutputManager (chapter 16), made at the first request that needs a grammar."""
         if self.model_runner.structured_output is None:
-            from minillm.structured_output import StructuredOutputManager
-
             vocab = self.model_runner.model.config.vocab_size
             manager = StructuredOutputManager(self.path, vocab, list(self.model_runner.eos_token_ids))
             self.model_runner.structured_output = manager

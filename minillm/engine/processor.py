@@ -12,6 +12,7 @@ import jinja2
 from minillm.config import Config, ModelConfig
 from minillm.engine.messages import EngineCoreRequest
 from minillm.sampling_params import SamplingParams
+from minillm.structured_output import validate_structured_outputs
 from minillm.tokenizer import Tokenizer
 
 # generation_config.json's name -> SamplingParams' (vLLM reads the same fields for its defaults)
@@ -96,8 +97,6 @@ class Processor:
                 raise ValueError(
                     "structured_outputs need the tokenizer, and this engine has none (skip_tokenizer_init=True)"
                 )
-            from minillm.structured_output import validate_structured_outputs
-
             validate_structured_outputs(sp.structured_outputs)
         if self.config.speculative_config and sp.needs_penalties:
             raise ValueError(

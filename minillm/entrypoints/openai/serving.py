@@ -18,6 +18,7 @@ from minillm.engine.output_processor import DeltaOutput
 from minillm.entrypoints.openai.outputs import ToolMode
 from minillm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields, UsageInfo
 from minillm.sampling_params import SamplingParams, StructuredOutputsParams
+from minillm.structured_output import validate_structured_outputs
 
 # status -> (OpenAI's error type, what it means here: /openapi.json documents each route's with these)
 ERRORS = {
@@ -197,10 +198,6 @@ def check_structured_outputs(params: SamplingParams, param: str | None) -> None:
     """A constraint the grammar engine cannot compile answers 400 naming the request's field (the engine's front
     end would refuse it too, naming no field). A cheap check: no vocabulary is involved."""
     if params.structured_outputs is None:
-        return
-    try:
-        from minillm.structured_output import validate_structured_outputs
-    except ImportError:  # no grammar engine: the front end refuses what it cannot serve
         return
     try:
         validate_structured_outputs(params.structured_outputs)

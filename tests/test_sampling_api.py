@@ -261,3 +261,16 @@ def test_tools_reach_the_chat_template(llm):
     with_tools = llm.encode_chat(chat, chat_template=template, tools=tools)[0]
     assert llm.tokenizer.decode(with_tools).startswith("[get_weather]Hi")
     assert llm.tokenizer.decode(llm.encode_chat(chat, chat_template=template)[0]).startswith("Hi")
+
+
+def test_more_answers_than_seats_run_as_seats_free_up():
+    llm = LLM(max_num_seqs=4)
+    sps = [SamplingParams(temperature=1.0, max_tokens=20, n=6, seed=1), SamplingParams(temperature=0, max_tokens=30)]
+    seqs = llm._add_all([PROMPT, "A fox"], sps, None)
+    most = 0
+    while not llm.is_finished():
+        llm.step()
+        most = max(most, len(llm.scheduler.running))
+    assert most == 4, "never more running than max_num_seqs"
+    assert [s.num_completion_tokens for s in seqs[:6]] == [20] * 6 and seqs[6].finish_reason in ("stop", "length")
+    assert llm.block_manager.num_free_blocks == len(llm.block_manager.blocks)

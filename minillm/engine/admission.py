@@ -46,11 +46,15 @@ class RequestAdmission:
 
     def fork_children(self, seqs: list[Sequence], forked) -> list:
         """n > 1: start the children whose first tokens the step sampled from their sibling's last prompt row, on its
-        blocks (parallel_sampling.fork); [(child, its first token's logprobs)]."""
+        blocks (parallel_sampling.fork), as many as there are seats (max_num_seqs); the others wait, to run on their
+        own (the prefix cache shares the prompt's full blocks). [(child started, its first token's logprobs)]."""
         tokens = {child: (token, lp) for child, token, lp in forked}
         started = []
         for parent in [seq for seq in seqs if seq.forks and seq.forks[0] in tokens]:
             for child in parent.forks:
+                if len(self.scheduler.running) >= self.config.max_num_seqs:  # no seat: it runs on its own later
+                    self.scheduler.add(child)
+                    continue
                 fork(self.scheduler, parent, child, tokens[child][0])
                 if child.grammar:
                     child.grammar.accept_tokens([tokens[child][0]])

@@ -218,15 +218,20 @@ def draw_bitmask_words(ax, allowed: set[int], vocab_size: int, words: np.ndarray
 
 
 def draw_forced_text(ax, texts: list[str], forced: list[list[bool]], width: int = 90, fontsize: float = 13) -> None:
-    """Each text in monospace, wrapped at `width` characters, with the characters flagged in `forced` on an
+    """Each text in monospace, wrapped at spaces into lines of at most `width` characters, with the characters flagged in `forced` on an
     orange ground (the grammar allowed nothing else) and the others plain (the model chose them). Pick the figure's
     width so that a character's cell fits the font: about 11 inches for 90 characters at 13 points."""
     from matplotlib.patches import Rectangle
 
     lines = []
     for text, flags in zip(texts, forced):
-        for start in range(0, len(text), width):
-            lines.append((text[start : start + width], flags[start : start + width]))
+        start = 0
+        while start < len(text):
+            end = min(len(text), start + width)
+            if end < len(text) and (space := text.rfind(" ", start, end)) > start:
+                end = space + 1  # after a space: no word cut in two
+            lines.append((text[start:end], flags[start:end]))
+            start = end
         lines.append(("", []))
     for row, (chunk, flags) in enumerate(lines):
         y = -row

@@ -2,6 +2,7 @@
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -161,7 +162,7 @@ class SamplingParams:
                 f"structured_outputs must be a StructuredOutputsParams, got {type(self.structured_outputs).__name__}"
             )
 
-    @property
+    @cached_property  # asked for every request at every step
     def needs_penalties(self) -> bool:
         """Does the sampler change this request's logits before sampling (chapter 16's logits processors)?"""
         return bool(

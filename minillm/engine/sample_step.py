@@ -7,6 +7,8 @@ forces gets probability 1); and a request with n > 1 samples its children's firs
 row, so that the children start with the prompt's keys and values computed once (minillm.engine.parallel_sampling).
 """
 
+from itertools import accumulate
+
 import torch
 
 from minillm.engine.input_batch import StepInputs
@@ -22,8 +24,8 @@ def sample_step(
     """The tokens of a step that ran over `seqs`, from the logits of the rows of `sampled` (one row each, or one per
     draft and one more where the step verifies drafts, chapter 13)."""
     verify = any(seq.spec_token_ids for seq in sampled)
-    num_rows = [1 + len(seq.spec_token_ids) if verify else 1 for seq in sampled]
-    starts = [sum(num_rows[:i]) for i in range(len(sampled))]
+    starts = list(accumulate((1 + len(seq.spec_token_ids) for seq in sampled[:-1]), initial=0)) if verify else None
+    starts = starts or range(len(sampled))
     if sampled and any(seq.grammar for seq in sampled):
         mask_rows(runner, logits, sampled, starts)
     parents = [(seq, start) for seq, start in zip(sampled, starts) if seq.forks and not seq.num_completion_tokens]
@@ -41,11 +43,15 @@ def sample_step(
             for parent, start in parents
             for child, token in zip(parent.forks, sample_forks(runner, parent, logits[start]))
         ]
-    logprobs = {seq: token_logprobs(raw, start, ids, seq) for seq, start, ids in zip(sampled, starts, tokens)}
+    logprobs = (
+        {seq: token_logprobs(raw, start, ids, seq) for seq, start, ids in zip(sampled, starts, tokens)}
+        if raw is not None
+        else None
+    )
     tokens = dict(zip(sampled, tokens))
     output = ModelRunnerOutput(
         [tokens.get(seq, []) for seq in seqs],
-        logprobs=[logprobs.get(seq) for seq in seqs] if raw is not None else None,
+        logprobs=[logprobs.get(seq) for seq in seqs] if logprobs is not None else None,
         forked=forked,
         prompt_logprobs={
             seq: prompt_logprobs(runner, seq)

@@ -85,10 +85,20 @@ def quality(hf):
 
 @pytest.mark.slow
 def test_sampled_stories_are_grammatical(quality):
-    """The acceptance figure: at temperature 0.8, at least 90% of generated sentences pass the checker."""
+    """The acceptance figure: at temperature 0.8, at least 98% of generated sentences pass the checker."""
     assert len(quality["sampled"]) == 200
     assert quality["total"] > 200 * 8  # the stories go on (and are counted) beyond the prompt
-    assert quality["validity"] >= 0.90, quality["validity"]
+    assert quality["validity"] >= 0.98, quality["validity"]
+
+
+@pytest.mark.slow
+def test_sampled_stories_keep_their_cast(quality):
+    """The model remembers who its story is about: at temperature 0.8 and top-p 0.95, at least 90% of the stories
+    name one hero and at most one friend from start to end (the corpus always does; a model that cannot copy a name
+    from earlier in its context drifts to new ones)."""
+    assert len(quality["kept"]) == 200 and quality["cast_top_p"] == 0.95
+    drifted = [p + t for p, t, kept in zip(quality["prompts"], quality["nucleus"], quality["kept"]) if not kept]
+    assert quality["cast_kept"] >= 0.90, drifted[:2]
 
 
 @pytest.mark.slow

@@ -24,11 +24,16 @@ LADDER = [
 ]
 
 
+def demo_requests(n: int = 8) -> tuple[list[str], list[SamplingParams]]:
+    """The demo's stories: `n` beginnings the model never saw in training, each sampled as stories usually are."""
+    openings = heldout_openings(n)
+    return openings, [SamplingParams(temperature=0.8, top_p=0.95, max_tokens=300, seed=i) for i in range(n)]
+
+
 def main() -> None:
     print(f"minillm demo: the default model from {default_model_path()}\n")
     llm = LLM()
-    openings = heldout_openings(8)  # story beginnings the model never saw in training
-    params = [SamplingParams(temperature=0.8, top_p=0.95, max_tokens=300, seed=i) for i in range(len(openings))]
+    openings, params = demo_requests()
     start = time.perf_counter()
     outputs = llm.generate(openings, params)
     elapsed = time.perf_counter() - start

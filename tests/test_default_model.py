@@ -101,6 +101,18 @@ def test_sampled_stories_keep_their_cast(quality):
     assert quality["cast_kept"] >= 0.90, drifted[:2]
 
 
+def test_the_demos_stories_keep_their_names():
+    """`make demo`'s stories, through minillm's engine: each keeps its hero and friend from start to end."""
+    from minillm import LLM
+    from minillm.data import keeps_its_cast
+    from minillm.demo import demo_requests
+
+    openings, params = demo_requests()
+    outputs = LLM().generate(openings, params, use_tqdm=False)
+    drifted = [o + out.text for o, out in zip(openings, outputs) if not keeps_its_cast(o + out.text)]
+    assert not drifted, drifted
+
+
 @pytest.mark.slow
 def test_greedy_continuations_are_valid_sentences(quality):
     assert quality["greedy_total"] > 20 * 8

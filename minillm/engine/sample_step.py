@@ -24,8 +24,11 @@ def sample_step(
     """The tokens of a step that ran over `seqs`, from the logits of the rows of `sampled` (one row each, or one per
     draft and one more where the step verifies drafts, chapter 13)."""
     verify = any(seq.spec_token_ids for seq in sampled)
-    starts = list(accumulate((1 + len(seq.spec_token_ids) for seq in sampled[:-1]), initial=0)) if verify else None
-    starts = starts or range(len(sampled))
+    starts = (
+        list(accumulate((1 + len(seq.spec_token_ids) for seq in sampled[:-1]), initial=0))
+        if verify
+        else range(len(sampled))
+    )
     if sampled and any(seq.grammar for seq in sampled):
         mask_rows(runner, logits, sampled, starts)
     parents = [(seq, start) for seq, start in zip(sampled, starts) if seq.forks and not seq.num_completion_tokens]
